@@ -1,0 +1,15 @@
+"""PyTorch -> JAX: capture a PyTorch step as a functional ATen graph, lower it to JAX.
+
+`bridge` knows torch and jax only; it knows nothing of cstorch or the emulated wafer.
+"""
+from bridge.capture import capture, decompositions
+from bridge.dtypes import jax_to_tensor, tensor_to_jax, to_jax_dtype, to_torch_dtype
+from bridge.errors import LoweringError, TensorValueReadError
+from bridge.lower import check_lowerable, lower, missing_lowerings
+from bridge.ops import LOWERINGS, lowering
+
+__all__ = [
+    "capture", "decompositions", "lower", "check_lowerable", "missing_lowerings", "LOWERINGS",
+    "lowering", "LoweringError", "TensorValueReadError", "tensor_to_jax", "jax_to_tensor",
+    "to_jax_dtype", "to_torch_dtype",
+]

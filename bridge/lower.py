@@ -1,0 +1,96 @@
+"""An FX graph of functional ATen ops becomes one pure JAX function.
+
+The graph is walked once per JAX trace: under `jax.jit` that happens at compile time, so
+no Python runs per op per step afterwards.
+"""
+import operator
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.fx as fx
+from torch._ops import OpOverload
+
+from bridge.dtypes import tensor_to_jax, to_jax_dtype
+from bridge.errors import LoweringError
+from bridge.ops import LOWERINGS
+from bridge.ops.random import key_stream
+
+# Mutations of graph inputs that functionalisation writes back at the end of the graph.
+# The lowered function returns new state explicitly, so these have nothing left to do.
+_WRITE_BACKS = {torch.ops.aten.copy_.default}
+
+
+def source_of(node: fx.Node) -> str | None:
+    trace = node.meta.get("stack_trace")
+    return trace.strip() if trace else None
+
+
+def missing_lowerings(gm: fx.GraphModule) -> list[fx.Node]:
+    """The call nodes of `gm` whose op has no lowering."""
+    return [n for n in gm.graph.nodes
+            if n.op == "call_function" and isinstance(n.target, OpOverload)
+            and n.target not in LOWERINGS and n.target not in _WRITE_BACKS]
+
+
+def check_lowerable(gm: fx.GraphModule):
+    missing = missing_lowerings(gm)
+    if missing:
+        raise LoweringError(missing[0].target, source_of(missing[0]))
+
+
+def _cast_like_meta(node, result):
+    """Give each result the dtype PyTorch computed for it (type promotion, int64 indices)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        want = to_jax_dtype(val.dtype)
+        if not hasattr(result, "dtype"):
+            result = jnp.asarray(result, want)
+        elif result.dtype != want:
+            result = result.astype(want)
+        return result
+    if isinstance(val, (tuple, list)) and isinstance(result, (tuple, list)):
+        return type(result)(
+            r.astype(to_jax_dtype(v.dtype)) if isinstance(v, torch.Tensor) and r is not None
+            and r.dtype != to_jax_dtype(v.dtype) else r
+            for v, r in zip(val, result))
+    return result
+
+
+def lower(gm: fx.GraphModule):
+    """The JAX function of `gm`: ``fn(*flat_inputs, key=None) -> list of outputs``.
+
+    `key` is the PRNG key random ops draw from; graphs without random ops ignore it.
+    Tensors the graph holds as constants become constants of the JAX function.
+    """
+    check_lowerable(gm)
+    constants = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = operator.attrgetter(node.target)(gm)
+            constants[node.target] = tensor_to_jax(value) if isinstance(value, torch.Tensor) else value
+    nodes = list(gm.graph.nodes)
+
+    def run(*inputs, key=None):
+        env = {}
+        args_iter = iter(inputs)
+        with key_stream(key if key is not None else jax.random.key(0)):
+            for node in nodes:
+                if node.op == "placeholder":
+                    env[node] = next(args_iter)
+                elif node.op == "get_attr":
+                    env[node] = constants[node.target]
+                elif node.op == "call_function":
+                    args = fx.node.map_arg(node.args, env.__getitem__)
+                    kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+                    if node.target is operator.getitem:
+                        env[node] = operator.getitem(*args)
+                    elif node.target in _WRITE_BACKS and node.args[0].op == "placeholder":
+                        env[node] = args[1]
+                    else:
+                        env[node] = _cast_like_meta(node, LOWERINGS[node.target](*args, **kwargs))
+                elif node.op == "output":
+                    return list(fx.node.map_arg(node.args[0], env.__getitem__))
+                else:
+                    raise NotImplementedError(f"FX node kind {node.op!r} is not supported")
+    return run

@@ -1,0 +1,149 @@
+"""Gathers, scatters, advanced indexing and embeddings."""
+import jax
+import jax.numpy as jnp
+import torch
+
+from bridge.ops.registry import lowering
+
+aten = torch.ops.aten
+
+
+def _along(index, dim, ndim):
+    """Full index tuple for scatter/gather along `dim` with `index` of the input's rank."""
+    grids = jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij")
+    grids[dim] = index
+    return tuple(grids)
+
+
+@lowering(aten.gather.default)
+def gather(x, dim, index, sparse_grad=False):
+    if x.ndim == 0:
+        return x.reshape(index.shape)
+    return x[_along(index, dim % x.ndim, x.ndim)]
+
+
+@lowering(aten.scatter.value)
+def scatter_value(x, dim, index, value):
+    return x.at[_along(index, dim % x.ndim, x.ndim)].set(value)
+
+
+@lowering(aten.scatter.src)
+def scatter_src(x, dim, index, src):
+    src = src[tuple(slice(0, n) for n in index.shape)]
+    return x.at[_along(index, dim % x.ndim, x.ndim)].set(src)
+
+
+@lowering(aten.scatter.value_reduce, aten.scatter.reduce)
+def scatter_reduce_legacy(x, dim, index, src, reduce):
+    at = x.at[_along(index, dim % x.ndim, x.ndim)]
+    if hasattr(src, "shape"):
+        src = src[tuple(slice(0, n) for n in index.shape)]
+    return at.add(src) if reduce == "add" else at.multiply(src)
+
+
+@lowering(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    src = src[tuple(slice(0, n) for n in index.shape)]
+    return x.at[_along(index, dim % x.ndim, x.ndim)].add(src)
+
+
+@lowering(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    src = src[tuple(slice(0, n) for n in index.shape)]
+    idx = _along(index, dim % x.ndim, x.ndim)
+    if reduce == "sum":
+        base = x if include_self else x.at[idx].set(0)
+        return base.at[idx].add(src)
+    if reduce == "prod":
+        base = x if include_self else x.at[idx].set(1)
+        return base.at[idx].multiply(src)
+    if reduce in ("amax", "amin"):
+        fill = -jnp.inf if reduce == "amax" else jnp.inf
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            info = jnp.iinfo(x.dtype)
+            fill = info.min if reduce == "amax" else info.max
+        base = x if include_self else x.at[idx].set(fill)
+        return base.at[idx].max(src) if reduce == "amax" else base.at[idx].min(src)
+    if reduce == "mean":
+        base = x if include_self else x.at[idx].set(0)
+        total = base.at[idx].add(src)
+        count = jnp.ones_like(x) if include_self else jnp.zeros_like(x)
+        count = count.at[idx].add(jnp.ones_like(src))
+        count = jnp.where(count == 0, 1, count)
+        out = total / count
+        return out if jnp.issubdtype(x.dtype, jnp.floating) else jnp.floor_divide(total, count)
+    raise NotImplementedError(f"scatter_reduce with reduce={reduce!r}")
+
+
+def _index_tuple(x, indices):
+    out = []
+    for i in indices:
+        if i is None:
+            out.append(slice(None))
+        elif i.dtype == jnp.bool_:
+            raise NotImplementedError(
+                "boolean-mask indexing gives a data-dependent shape, which XLA cannot compile; "
+                "use torch.where(mask, x, other) instead")
+        else:
+            out.append(i)
+    return tuple(out)
+
+
+@lowering(aten.index.Tensor)
+def index(x, indices):
+    return x[_index_tuple(x, indices)]
+
+
+@lowering(aten.index_put.default)
+def index_put(x, indices, values, accumulate=False):
+    at = x.at[_index_tuple(x, indices)]
+    return at.add(values) if accumulate else at.set(values)
+
+
+@lowering(aten.index_select.default)
+def index_select(x, dim, index):
+    return jnp.take(x, index, axis=dim)
+
+
+@lowering(aten.index_add.default)
+def index_add(x, dim, index, source, alpha=1):
+    idx = [slice(None)] * x.ndim
+    idx[dim] = index
+    return x.at[tuple(idx)].add(source * alpha)
+
+
+@lowering(aten.index_copy.default)
+def index_copy(x, dim, index, source):
+    idx = [slice(None)] * x.ndim
+    idx[dim] = index
+    return x.at[tuple(idx)].set(source)
+
+
+@lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    idx = [slice(None)] * x.ndim
+    idx[dim] = index
+    return x.at[tuple(idx)].set(value)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    return jnp.where(mask, jnp.asarray(value, x.dtype), x)
+
+
+@lowering(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0)
+
+
+@lowering(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    flat_idx = indices.reshape(-1)
+    flat_grad = grad.reshape(flat_idx.shape[0], -1)
+    if padding_idx >= 0:
+        flat_grad = jnp.where((flat_idx == padding_idx)[:, None], 0, flat_grad)
+    if scale_grad_by_freq:
+        counts = jnp.zeros(num_weights, grad.dtype).at[flat_idx].add(1)
+        flat_grad = flat_grad / counts[flat_idx][:, None]
+    out = jnp.zeros((num_weights, flat_grad.shape[1]), grad.dtype).at[flat_idx].add(flat_grad)
+    return out.reshape((num_weights,) + grad.shape[indices.ndim:])

@@ -1,0 +1,44 @@
+"""Matrix products."""
+import jax
+import jax.numpy as jnp
+import torch
+
+from bridge.ops.registry import lowering
+
+aten = torch.ops.aten
+# float32 matmuls at full precision, as eager PyTorch computes them on the CPU.
+_PRECISION = jax.lax.Precision.HIGHEST
+
+
+def _matmul(a, b):
+    return jnp.matmul(a, b, precision=_PRECISION)
+
+
+@lowering(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def mm(a, b):
+    return _matmul(a, b)
+
+
+@lowering(aten.addmm.default, aten.baddbmm.default)
+def addmm(bias, a, b, beta=1, alpha=1):
+    out = _matmul(a, b)
+    if alpha != 1:
+        out = out * alpha
+    if beta == 0:
+        return out
+    return out + (bias if beta == 1 else beta * bias)
+
+
+@lowering(aten.mv.default)
+def mv(a, v):
+    return _matmul(a, v)
+
+
+@lowering(aten.dot.default, aten.vdot.default)
+def dot(a, b):
+    return jnp.dot(a, b, precision=_PRECISION)
+
+
+@lowering(aten.outer.default)
+def outer(a, b):
+    return jnp.outer(a, b)

@@ -1,0 +1,161 @@
+"""Max and average pooling (backward ops are the forwards' VJPs)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from bridge.ops.registry import lowering
+
+aten = torch.ops.aten
+
+
+def _expand(v, nd, default=None):
+    if v is None or len(v) == 0:
+        v = default
+    return list(v) * nd if len(v) == 1 else list(v)
+
+
+def _pads(size, kernel, stride, padding, dilation, ceil_mode):
+    """(lo, hi) padding per spatial dim, extended on the right as ceil_mode needs."""
+    pads = []
+    for n, k, s, p, d in zip(size, kernel, stride, padding, dilation):
+        eff = d * (k - 1) + 1
+        out = (n + 2 * p - eff) // s + 1
+        if ceil_mode:
+            out = -(-(n + 2 * p - eff) // s) + 1
+            if (out - 1) * s >= n + p:
+                out -= 1
+        hi = (out - 1) * s + eff - n - p
+        pads.append((p, max(hi, p)))
+    return pads
+
+
+def _window(x, kernel, stride, padding, dilation, ceil_mode):
+    nd = len(kernel)
+    lead = x.ndim - nd
+    pads = _pads(x.shape[lead:], kernel, stride, padding, dilation, ceil_mode)
+    return ((1,) * lead + tuple(kernel), (1,) * lead + tuple(stride),
+            [(0, 0)] * lead + pads, (1,) * lead + tuple(dilation))
+
+
+def _max_pool(x, kernel, stride, padding, dilation, ceil_mode):
+    dims, strides, pads, dil = _window(x, kernel, stride, padding, dilation, ceil_mode)
+    init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    return jax.lax.reduce_window(x, jnp.asarray(init, x.dtype), jax.lax.max, dims, strides, pads,
+                                 window_dilation=dil)
+
+
+def _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, nd):
+    kernel = _expand(kernel_size, nd)
+    stride = _expand(stride, nd, kernel)
+    padding = _expand(padding, nd, [0])
+    dilation = _expand(dilation, nd, [1])
+    dims, strides, pads, dil = _window(x, kernel, stride, padding, dilation, ceil_mode)
+    spatial = x.shape[x.ndim - nd:]
+    flat = jnp.arange(int(np.prod(spatial)), dtype=jnp.int32).reshape(spatial)
+    flat = jnp.broadcast_to(flat, x.shape)
+    init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+
+    def pick(a, b):
+        (va, ia), (vb, ib) = a, b
+        take_b = (vb > va) | ((vb == va) & (ib < ia)) | jnp.isnan(vb)
+        return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
+
+    values, indices = jax.lax.reduce_window(
+        (x, flat), (jnp.asarray(init, x.dtype), jnp.asarray(np.iinfo(np.int32).max, jnp.int32)),
+        pick, dims, strides, pads, window_dilation=dil)
+    return values, indices, (kernel, stride, padding, dilation)
+
+
+@lowering(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    values, indices, _ = _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, 2)
+    return values, indices
+
+
+@lowering(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    values, indices, _ = _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, 3)
+    return values, indices
+
+
+def _max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices, nd):
+    # Route each output gradient to the input position its index names, as PyTorch does.
+    lead = x.shape[:x.ndim - nd]
+    spatial = int(np.prod(x.shape[x.ndim - nd:]))
+    g = grad.reshape(lead + (-1,))
+    idx = indices.reshape(lead + (-1,)).astype(jnp.int32)
+    out = jnp.zeros(lead + (spatial,), grad.dtype)
+    out = jax.vmap(lambda o, i, v: o.at[i].add(v))(out.reshape(-1, spatial), idx.reshape(-1, idx.shape[-1]),
+                                                   g.reshape(-1, g.shape[-1]))
+    return out.reshape(x.shape)
+
+
+@lowering(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices, 2)
+
+
+@lowering(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices, 3)
+
+
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, nd):
+    kernel = _expand(kernel_size, nd)
+    stride = _expand(stride, nd, kernel)
+    padding = _expand(padding, nd, [0])
+    dims, strides, pads, dil = _window(x, kernel, stride, padding, [1] * nd, ceil_mode)
+    total = jax.lax.reduce_window(x, jnp.asarray(0, x.dtype), jax.lax.add, dims, strides, pads)
+    if divisor_override:
+        return total / divisor_override
+    # Divisor per window: the window clipped to the padded input (count_include_pad)
+    # or to the real input.
+    lead = x.ndim - nd
+    ones = jnp.ones(x.shape[lead:], x.dtype)
+    if count_include_pad:
+        ones = jnp.pad(ones, [(p, p) for p in padding], constant_values=1)
+        extra = [(0, hi - lo) for lo, hi in pads[lead:]]
+        count = jax.lax.reduce_window(ones, jnp.asarray(0, x.dtype), jax.lax.add, dims[lead:],
+                                      strides[lead:], extra)
+    else:
+        count = jax.lax.reduce_window(ones, jnp.asarray(0, x.dtype), jax.lax.add, dims[lead:],
+                                      strides[lead:], pads[lead:])
+    return total / count
+
+
+@lowering(aten.avg_pool2d.default)
+def avg_pool2d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2)
+
+
+@lowering(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    _, vjp = jax.vjp(lambda v: _avg_pool(v, kernel_size, stride, padding, ceil_mode,
+                                         count_include_pad, divisor_override, 2), x)
+    return vjp(grad)[0]
+
+
+@lowering(aten.avg_pool1d.default)
+def avg_pool1d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True):
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1)
+
+
+@lowering(aten._adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(x, output_size):
+    h, w = x.shape[-2:]
+    oh, ow = output_size
+    if h % oh == 0 and w % ow == 0:
+        return _avg_pool(x, [h // oh, w // ow], [h // oh, w // ow], [0], False, True, None, 2)
+    rows = [x[..., (i * h) // oh: -(-((i + 1) * h) // oh), :] for i in range(oh)]
+    out = [[r[..., (j * w) // ow: -(-((j + 1) * w) // ow)].mean(axis=(-2, -1)) for j in range(ow)]
+           for r in rows]
+    return jnp.stack([jnp.stack(r, axis=-1) for r in out], axis=-2)
+
+
+@lowering(aten._adaptive_avg_pool2d_backward.default)
+def adaptive_avg_pool2d_backward(grad, x):
+    _, vjp = jax.vjp(lambda v: adaptive_avg_pool2d(v, grad.shape[-2:]), x)
+    return vjp(grad)[0]

@@ -1,0 +1,188 @@
+"""Views, reshapes and layout ops. Graphs are functional, so every view is a copy here."""
+import jax
+import jax.numpy as jnp
+import torch
+
+from bridge.ops.registry import lowering
+
+aten = torch.ops.aten
+
+
+def _reshape(x, size):
+    return jnp.reshape(x, tuple(size))
+
+
+lowering(aten.view.default, aten.view_copy.default, aten._unsafe_view.default,
+         aten.reshape.default)(_reshape)
+
+
+@lowering(aten.permute.default, aten.permute_copy.default)
+def permute(x, dims):
+    return jnp.transpose(x, tuple(dims))
+
+
+@lowering(aten.transpose.int, aten.transpose_copy.int)
+def transpose(x, dim0, dim1):
+    return jnp.swapaxes(x, dim0, dim1)
+
+
+@lowering(aten.t.default, aten.t_copy.default)
+def t(x):
+    return x.T
+
+
+@lowering(aten.expand.default, aten.expand_copy.default)
+def expand(x, size, implicit=False):
+    lead = len(size) - x.ndim
+    shape = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(size))
+    return jnp.broadcast_to(x, shape)
+
+
+@lowering(aten.squeeze.default, aten.squeeze_copy.default)
+def squeeze(x):
+    return jnp.squeeze(x)
+
+
+@lowering(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze_copy.dim, aten.squeeze_copy.dims)
+def squeeze_dims(x, dims):
+    if x.ndim == 0:
+        return x
+    dims = [dims] if isinstance(dims, int) else dims
+    return jnp.squeeze(x, tuple(d % x.ndim for d in dims if x.shape[d] == 1))
+
+
+@lowering(aten.unsqueeze.default, aten.unsqueeze_copy.default)
+def unsqueeze(x, dim):
+    return jnp.expand_dims(x, dim % (x.ndim + 1))
+
+
+@lowering(aten.cat.default)
+def cat(tensors, dim=0):
+    tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or tensors[:1]
+    dtype = jnp.result_type(*tensors)
+    return jnp.concatenate([t.astype(dtype) for t in tensors], axis=dim)
+
+
+@lowering(aten.stack.default)
+def stack(tensors, dim=0):
+    return jnp.stack(tensors, axis=dim)
+
+
+@lowering(aten.split.Tensor, aten.split_copy.Tensor)
+def split(x, split_size, dim=0):
+    n = x.shape[dim]
+    return tuple(jax.lax.slice_in_dim(x, i, min(i + split_size, n), axis=dim)
+                 for i in range(0, n, split_size)) if n else (x,)
+
+
+@lowering(aten.split_with_sizes.default, aten.split_with_sizes_copy.default)
+def split_with_sizes(x, split_sizes, dim=0):
+    out, start = [], 0
+    for s in split_sizes:
+        out.append(jax.lax.slice_in_dim(x, start, start + s, axis=dim))
+        start += s
+    return tuple(out)
+
+
+@lowering(aten.unbind.int, aten.unbind_copy.int)
+def unbind(x, dim=0):
+    return tuple(jnp.moveaxis(x, dim, 0))
+
+
+def _slice_bounds(n, start, end, step):
+    start = 0 if start is None else start
+    end = n if end is None else end
+    start = start + n if start < 0 else start
+    end = end + n if end < 0 else end
+    return max(0, min(start, n)), max(0, min(end, n)), step
+
+
+@lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+def slice_(x, dim=0, start=None, end=None, step=1):
+    start, end, step = _slice_bounds(x.shape[dim], start, end, step)
+    end = max(start, end)
+    return jax.lax.slice_in_dim(x, start, end, step, axis=dim)
+
+
+@lowering(aten.slice_scatter.default)
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    start, end, step = _slice_bounds(x.shape[dim], start, end, step)
+    index = [slice(None)] * x.ndim
+    index[dim] = slice(start, end, step)
+    return x.at[tuple(index)].set(src)
+
+
+@lowering(aten.select.int, aten.select_copy.int)
+def select(x, dim, index):
+    return jnp.take(x, index, axis=dim)
+
+
+@lowering(aten.select_scatter.default)
+def select_scatter(x, src, dim, index):
+    idx = [slice(None)] * x.ndim
+    idx[dim] = index
+    return x.at[tuple(idx)].set(src)
+
+
+@lowering(aten.narrow.default, aten.narrow_copy.default)
+def narrow(x, dim, start, length):
+    return jax.lax.slice_in_dim(x, start, start + length, axis=dim)
+
+
+@lowering(aten.flip.default)
+def flip(x, dims):
+    return jnp.flip(x, tuple(dims))
+
+
+@lowering(aten.roll.default)
+def roll(x, shifts, dims=()):
+    if not dims:
+        return jnp.roll(x.reshape(-1), shifts).reshape(x.shape)
+    return jnp.roll(x, tuple(shifts), tuple(dims))
+
+
+@lowering(aten.repeat.default)
+def repeat(x, repeats):
+    lead = len(repeats) - x.ndim
+    return jnp.tile(x.reshape((1,) * lead + x.shape), tuple(repeats))
+
+
+@lowering(aten.constant_pad_nd.default)
+def constant_pad_nd(x, pad, value=0):
+    widths = [(0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        widths[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    config = [(lo, hi, 0) for lo, hi in widths]
+    return jax.lax.pad(x, jnp.asarray(value, x.dtype), config)
+
+
+@lowering(aten.tril.default)
+def tril(x, diagonal=0):
+    return jnp.tril(x, diagonal)
+
+
+@lowering(aten.triu.default)
+def triu(x, diagonal=0):
+    return jnp.triu(x, diagonal)
+
+
+@lowering(aten.diagonal.default, aten.diagonal_copy.default)
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(x, offset, dim1, dim2)
+
+
+@lowering(aten.as_strided.default, aten.as_strided_copy.default)
+def as_strided(x, size, stride, storage_offset=None):
+    flat = x.reshape(-1)
+    index = jnp.asarray(storage_offset or 0)
+    for n, s in zip(size, stride):
+        index = index[..., None] + jnp.arange(n) * s
+    return flat[index]
+
+
+@lowering(aten.unfold.default, aten.unfold_copy.default)
+def unfold(x, dim, size, step):
+    n = (x.shape[dim] - size) // step + 1
+    starts = jnp.arange(n) * step
+    windows = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(x, s, size, axis=dim))(starts)
+    return jnp.moveaxis(jnp.moveaxis(windows, 0, dim), dim + 1, -1)

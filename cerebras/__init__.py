@@ -1,0 +1,1 @@
+"""The `cerebras` namespace: `cerebras.pytorch` is this project's `cstorch`."""

@@ -1,0 +1,32 @@
+"""cstorch: the `cerebras.pytorch` API on JAX and XLA.
+
+This module is a face: it re-exports the public names, which live in the modules below.
+"""
+from cstorch import backends, optim, utils
+from cstorch.backend import backend, current_backend, current_torch_device, use_cs
+from cstorch.compile import compile
+from cstorch.storage import load, save
+from cstorch.trace import TracedStep, JaxStep
+from cstorch.utils.data.executor import current_executor
+from cstorch.utils.step_closures import checkpoint_closure, step_closure
+
+__version__ = "0.1.0"
+
+
+def trace(step_fn):
+    """Wrap a training or evaluation step for tracing.
+
+    The first call captures everything the step does (forward, `loss.backward()`, gradient
+    clipping, `optimizer.step()`, scheduler steps) as one graph, lowered to one JAX
+    function and compiled by XLA; every later call with arguments of the same shapes runs
+    only that executable. No tensor value may be read inside the step (no printing, no
+    `.item()`, no Python conditionals on tensors): use a `step_closure` to read values.
+    """
+    return TracedStep(step_fn)
+
+
+__all__ = [
+    "backend", "current_backend", "current_torch_device", "use_cs", "backends", "compile", "trace",
+    "TracedStep", "JaxStep", "save", "load", "optim", "utils", "step_closure", "checkpoint_closure",
+    "current_executor",
+]

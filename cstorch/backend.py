@@ -1,0 +1,167 @@
+"""`cstorch.backend(...)`: the one backend of a run, its devices, mesh and state."""
+import os
+import warnings
+from typing import Optional
+
+import jax
+import torch
+
+import wafer
+from cstorch.backends import csx
+from cstorch.state import DeviceState
+
+_PARAMS = {
+    "CSX": {"artifact_dir": None, "compile_dir": "/opt/cerebras/cached_compile",
+            "compile_only": False, "validate_only": False, "drop_data": False,
+            "max_checkpoints": None, "log_initialization": True, "retrace_every_iteration": False,
+            "cluster_config": None},
+    "CPU": {"artifact_dir": None, "max_checkpoints": None, "mixed_precision": None},
+    "GPU": {"artifact_dir": None, "enable_distributed": False, "main_process_id": 0,
+            "dist_backend": "nccl", "init_method": None, "sync_batchnorm": False,
+            "max_checkpoints": None},
+}
+_BOOL_PARAMS = {"compile_only", "validate_only", "drop_data", "log_initialization",
+                "retrace_every_iteration", "enable_distributed", "sync_batchnorm"}
+
+_current: Optional["Backend"] = None
+
+
+class Backend:
+    """A backend of type "CSX", "CPU" or "GPU".
+
+    All three run steps the same way, as one XLA program per traced step; they differ in
+    the JAX devices they use and the mesh laid over them:
+    - "CPU": the first JAX CPU device.
+    - "GPU": every JAX GPU device, the batch split across them.
+    - "CSX": an emulated wafer, a (systems, rows, cols) mesh over every JAX device.
+
+    Parameters are those the reference lists per type; `artifact_dir` defaults to
+    ``$cwd/cerebras_logs``. `compile_only`, `validate_only`, `drop_data`, `log_initialization`,
+    `mixed_precision`, `enable_distributed`, `dist_backend`, `init_method` and
+    `sync_batchnorm` are validated and stored but have no effect yet.
+    """
+
+    def __init__(self, backend_type: str, **params):
+        if not isinstance(backend_type, str) or backend_type.upper() not in _PARAMS:
+            raise ValueError(
+                f"unknown backend type {backend_type!r}; expected one of \"CSX\", \"CPU\", \"GPU\"")
+        self.backend_type = backend_type.upper()
+        allowed = _PARAMS[self.backend_type]
+        unknown = sorted(set(params) - set(allowed))
+        if unknown:
+            raise TypeError(
+                f"{self.backend_type} backend got unexpected parameter(s) {', '.join(unknown)}; "
+                f"it accepts {', '.join(sorted(allowed))}")
+        values = {**allowed, **params}
+        for name, value in values.items():
+            if name in _BOOL_PARAMS and not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
+        mc = values["max_checkpoints"]
+        if mc is not None and (not isinstance(mc, int) or isinstance(mc, bool) or mc < 1):
+            raise ValueError(f"max_checkpoints must be None or a positive int, got {mc!r}")
+        if values.get("mixed_precision") not in (None, True, False):
+            raise TypeError(f"mixed_precision must be a bool or None, got {values['mixed_precision']!r}")
+        if not isinstance(values.get("main_process_id", 0), int):
+            raise TypeError(f"main_process_id must be an int, got {values['main_process_id']!r}")
+        self.params = values
+        self.artifact_dir = values["artifact_dir"] or os.path.join(os.getcwd(), "cerebras_logs")
+        self.max_checkpoints = mc
+        if self.backend_type == "CSX" and values["retrace_every_iteration"]:
+            csx.debug.retrace_every_iteration = True
+        if self.backend_type == "CSX" and "compile_dir" in params:
+            os.makedirs(values["compile_dir"], exist_ok=True)
+            jax.config.update("jax_compilation_cache_dir", values["compile_dir"])
+
+        self.devices = self._devices()
+        num_systems = 1
+        if values.get("cluster_config") is not None:
+            num_systems = getattr(values["cluster_config"], "num_csx", 1)
+        self.mesh = wafer.make_mesh(self.devices, num_systems)
+        self.state = DeviceState(self)
+        self.modules: list[torch.nn.Module] = []    # compiled modules, in compile order
+        self.optimizers: list = []                  # cstorch optimizers, in creation order
+        self.step_count = 0  # steps run by this backend, for per-step PRNG keys
+
+    def _devices(self):
+        if self.backend_type == "CPU":
+            return jax.devices("cpu")[:1]
+        if self.backend_type == "GPU":
+            try:
+                return jax.devices("gpu")
+            except RuntimeError:
+                raise RuntimeError(
+                    "GPU backend requested but JAX sees no GPU; install jax with CUDA support "
+                    "or use cstorch.backend(\"CPU\")") from None
+        return jax.devices()
+
+    @property
+    def is_csx(self) -> bool:
+        return self.backend_type == "CSX"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.backend_type == "CPU"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.backend_type == "GPU"
+
+    @property
+    def torch_device(self) -> torch.device:
+        """Tensors on the torch side stay on the CPU: the device state is JAX's."""
+        return torch.device("cpu")
+
+    @property
+    def retrace_every_iteration(self) -> bool:
+        return bool(self.params.get("retrace_every_iteration")) or csx.debug.retrace_every_iteration
+
+    def __repr__(self):
+        return f"Backend({self.backend_type}, devices={len(self.devices)}, mesh={dict(self.mesh.shape)})"
+
+
+def backend(backend_type: Optional[str] = None, *args, **kwargs) -> Backend:
+    """Instantiate a backend of `backend_type` ("CSX", "CPU" or "GPU") and make it current.
+
+    Without a type, return the current backend (an error if there is none).
+    """
+    global _current
+    if backend_type is None:
+        if args or kwargs:
+            raise TypeError("backend parameters need a backend_type (\"CSX\", \"CPU\" or \"GPU\")")
+        if _current is None:
+            raise RuntimeError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
+        return _current
+    if args:
+        raise TypeError("backend parameters must be passed by keyword, e.g. "
+                        "cstorch.backend(\"CPU\", artifact_dir=\"logs\")")
+    _current = Backend(backend_type, **kwargs)
+    return _current
+
+
+def current_backend(raise_exception: bool = True, raise_warning: bool = True) -> Optional[Backend]:
+    """DEPRECATED: use `cstorch.backend()`. The current backend, or None if there is none
+    and `raise_exception` is False."""
+    if raise_warning:
+        warnings.warn("cstorch.current_backend() is deprecated; use cstorch.backend() instead",
+                      DeprecationWarning, stacklevel=2)
+    if _current is None and raise_exception:
+        raise RuntimeError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
+    return _current
+
+
+def current_backend_impl(create: bool = False) -> Optional[Backend]:
+    """The current backend without a warning; with `create`, a CPU backend if none exists."""
+    global _current
+    if _current is None and create:
+        _current = Backend("CPU")
+    return _current
+
+
+def current_torch_device() -> torch.device:
+    """The torch device of the current backend; cpu if no backend exists yet."""
+    return _current.torch_device if _current is not None else torch.device("cpu")
+
+
+def use_cs() -> bool:
+    """True if the current backend is a CSX backend."""
+    return _current is not None and _current.is_csx

@@ -1,0 +1,121 @@
+"""`cerebras.pytorch.backends.csx`: performance and debug flags of the CSX backend.
+
+Flags are validated on assignment, so a bad value fails where it is set.
+"""
+from typing import Any
+
+
+class _FlagGroup:
+    """Attributes with defaults and validators; unknown names are refused."""
+
+    _flags: dict[str, tuple[Any, Any]] = {}
+
+    def __init__(self):
+        for name, (default, _) in self._flags.items():
+            object.__setattr__(self, name, default)
+
+    def __setattr__(self, name, value):
+        if name not in self._flags:
+            raise AttributeError(
+                f"{type(self).__name__.lower()} has no flag {name!r}; "
+                f"known flags: {', '.join(sorted(self._flags))}")
+        check = self._flags[name][1]
+        if check is not None:
+            check(name, value)
+        object.__setattr__(self, name, value)
+
+    def reset(self):
+        for name, (default, _) in self._flags.items():
+            object.__setattr__(self, name, default)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self._flags)})"
+
+
+def _optional_positive_int(name, value):
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+        raise ValueError(f"{name} must be None or a positive int, got {value!r}")
+
+
+def _positive_int(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _bool(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def _optimization_level(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 3:
+        raise ValueError(f"{name} must be an integer in range [0, 3), got {value!r}")
+
+
+def _micro_batch_size(name, value):
+    if value is None or value in ("auto", "explore"):
+        return
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value}")
+        return
+    if isinstance(value, dict) and set(value) == {"explore"} and isinstance(value["explore"], dict):
+        bounds = value["explore"]
+        unknown = set(bounds) - {"min", "max"}
+        if unknown:
+            raise ValueError(f"{name}['explore'] takes only 'min' and 'max', got {sorted(unknown)}")
+        for key in ("min", "max"):
+            _optional_positive_int(f"{name}['explore']['{key}']", bounds.get(key))
+        if bounds.get("min") and bounds.get("max") and bounds["min"] > bounds["max"]:
+            raise ValueError(f"{name}['explore']: min {bounds['min']} exceeds max {bounds['max']}")
+        return
+    raise ValueError(
+        f"{name} must be None, 'auto', 'explore', a positive int or "
+        f"{{'explore': {{'min': int, 'max': int}}}}, got {value!r}")
+
+
+class Precision(_FlagGroup):
+    """Precision flags. `optimization_level` (POL, an int in [0, 3), default 1) selects how
+    much reduced precision the compiler may use; it is stored here and has no effect on
+    the numerics yet."""
+    _flags = {"optimization_level": (1, _optimization_level)}
+
+
+class Performance(_FlagGroup):
+    """Performance flags.
+
+    - `micro_batch_size`: None, "auto" (default), "explore", {"explore": {"min", "max"}}
+      or a positive int. Stored; micro-batching does not act on it yet.
+    - `transfer_processes`: processes that move data to and from the device (default 5).
+    - `compress_weights`: write checkpoints with LZ4 compression (default False).
+    """
+    _flags = {
+        "micro_batch_size": ("auto", _micro_batch_size),
+        "transfer_processes": (5, _positive_int),
+        "compress_weights": (False, _bool),
+    }
+
+
+class Debug(_FlagGroup):
+    """Debug flags.
+
+    - `retrace_every_iteration` (default False): capture the step again on every call.
+    - `lazy_initialization` (default True): initialise weights lazily; stored only.
+    - `debug_args`, `ini` (default None): cluster debugging options; stored only.
+    - `compile_crd_memory_gi`, `execute_crd_memory_gi`, `wrk_memory_gi`, `act_memory_gi`,
+      `cmd_memory_gi`, `wgt_memory_gi` (default None): memory limits of the cluster's
+      roles in GiB; stored only, as there is no cluster here.
+    """
+    _flags = {
+        "retrace_every_iteration": (False, _bool),
+        "lazy_initialization": (True, _bool),
+        "debug_args": (None, None),
+        "ini": (None, None),
+        **{f"{role}_memory_gi": (None, _optional_positive_int)
+           for role in ("compile_crd", "execute_crd", "wrk", "act", "cmd", "wgt")},
+    }
+
+
+precision = Precision()
+performance = Performance()
+debug = Debug()

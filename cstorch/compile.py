@@ -1,0 +1,58 @@
+"""`cstorch.compile(model)`: hand a module's state to the backend."""
+from typing import Optional, Union
+
+import torch
+
+from cstorch.backend import Backend, backend as make_backend, current_backend_impl
+
+
+class CompiledModule:
+    """What `cstorch.compile` returns: calling it runs the module's forward pass.
+
+    Public attributes and methods (`parameters()`, `state_dict()`, `train()`, ...) are the
+    module's own; private ones and property accessors of the module are not exposed.
+    """
+
+    def __init__(self, module: torch.nn.Module, backend: Backend):
+        object.__setattr__(self, "module", module)
+        object.__setattr__(self, "backend", backend)
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(f"compiled module has no attribute {name!r}; private attributes "
+                                 "of the original module are not exposed")
+        return getattr(self.module, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.module, name, value)
+
+    def __repr__(self):
+        return f"CompiledModule({self.module!r})"
+
+
+def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = None) -> CompiledModule:
+    """Prepare `model` for tracing: from here on the backend owns its parameters and
+    buffers. Initialise parameters before calling this.
+
+    `backend` is a Backend, a backend type ("CPU", "CSX", "GPU"), or None for the current
+    backend (a CPU backend is created if there is none).
+    """
+    if isinstance(model, CompiledModule):
+        raise TypeError("this module has already been compiled; pass the module itself, once")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"cstorch.compile expects a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(backend, str):
+        backend = make_backend(backend)
+    elif backend is None:
+        backend = current_backend_impl(create=True)
+    elif not isinstance(backend, Backend):
+        raise TypeError(f"backend must be a cstorch backend, a backend type or None, got {backend!r}")
+    if any(m is model for m in backend.modules):
+        raise RuntimeError("this module has already been compiled on this backend")
+    prefix = "model" if not backend.modules else f"model{len(backend.modules)}"
+    backend.modules.append(model)
+    backend.state.register_module(model, prefix)
+    return CompiledModule(model, backend)

@@ -1,0 +1,280 @@
+"""`@cstorch.trace`: capture a step once, run it as one compiled XLA program ever after."""
+import contextvars
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import jax
+import torch
+import torch.utils._pytree as pytree
+
+import bridge
+import wafer
+from cstorch.backend import current_backend_impl
+
+VALUE_READ_HINT = ("To look at a tensor's value, pass it to a function decorated with "
+                   "@cstorch.step_closure, which runs after the step with the computed values.")
+
+# The capture in progress, if any: step closures called during it are recorded here.
+capturing = contextvars.ContextVar("cstorch_capture", default=None)
+
+
+@dataclass
+class ClosureCall:
+    fn: Callable
+    spec: Any                  # treespec of (args, kwargs)
+    leaves: list               # leaves, tensors replaced by None
+    tensor_positions: list     # leaf positions that hold step outputs
+    checkpoint_only: bool
+
+
+@dataclass
+class CaptureContext:
+    closures: list = field(default_factory=list)
+    closure_tensors: list = field(default_factory=list)
+
+    def record_closure(self, fn, args, kwargs, checkpoint_only):
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        self.closure_tensors.extend(leaves[i] for i in positions)
+        kept = [None if isinstance(v, torch.Tensor) else v for v in leaves]
+        self.closures.append(ClosureCall(fn, spec, kept, positions, checkpoint_only))
+
+
+def _is_state_owner(x):
+    from cstorch.compile import CompiledModule
+    from cstorch.optim.optimizer import Optimizer
+    return isinstance(x, (CompiledModule, Optimizer, torch.nn.Module))
+
+
+@dataclass
+class Program:
+    """One captured and compiled step: its graph, JAX function and executable."""
+    graph: Any
+    jax_fn: Callable                     # fn(state, inputs, key) -> (new_state, outputs)
+    compiled: Any
+    n_state: int
+    state_names: list
+    out_spec: Any
+    out_leaves: list                     # non-tensor output leaves, tensors as None
+    out_tensor_positions: list
+    out_dtypes: list                     # torch dtype of every tensor output
+    closures: list
+
+
+class TracedStep:
+    """The callable `@cstorch.trace` returns."""
+
+    def __init__(self, step_fn: Callable):
+        functools.update_wrapper(self, step_fn)
+        self.step_fn = step_fn
+        self.programs: dict = {}
+        self.captures = 0
+
+    # signature of a call: which program it runs ---------------------------------------
+    def _split(self, args, kwargs):
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+        static = tuple(
+            ("T", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor)
+            else ("O", id(v)) if _is_state_owner(v) or not isinstance(v, (int, float, str, bool, type(None)))
+            else ("V", v) for v in leaves)
+        return leaves, spec, tensors, (spec, static)
+
+    def _capture(self, backend, leaves, spec, tensors) -> Program:
+        from cstorch.optim.optimizer import Optimizer
+        state = backend.state
+        for opt in Optimizer.registered(backend):
+            opt.register_state(state)
+        slots = list(state.slots)
+        n_state = len(slots)
+        ctx = CaptureContext()
+        tensor_positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        out_info = {}
+
+        def step(*flat):
+            traced_state, traced_inputs = flat[:n_state], flat[n_state:]
+            call_leaves = list(leaves)
+            for pos, t in zip(tensor_positions, traced_inputs):
+                call_leaves[pos] = t
+            args, kwargs = pytree.tree_unflatten(call_leaves, spec)
+            with _bound(backend, slots, traced_state) as current:
+                token = capturing.set(ctx)
+                try:
+                    result = self.step_fn(*args, **kwargs)
+                finally:
+                    capturing.reset(token)
+                new_state = current()
+            out_leaves, out_spec = pytree.tree_flatten(result)
+            positions = [i for i, v in enumerate(out_leaves) if isinstance(v, torch.Tensor)]
+            out_info.update(spec=out_spec, positions=positions,
+                            leaves=[None if isinstance(v, torch.Tensor) else v for v in out_leaves])
+            outs = [out_leaves[i] for i in positions] + list(ctx.closure_tensors)
+            out_info["dtypes"] = [t.dtype for t in outs]
+            return list(new_state) + outs
+
+        requires_grad = [s.tensor.requires_grad for s in slots] + [False] * len(tensors)
+        state.capturing = True
+        try:
+            graph = bridge.capture(step, [s.tensor for s in slots] + tensors, requires_grad,
+                                   value_read_hint=VALUE_READ_HINT)
+        except bridge.TensorValueReadError as e:
+            raise RuntimeError(str(e)) from None
+        finally:
+            state.capturing = False
+        self.captures += 1
+        lowered = bridge.lower(graph)
+
+        def jax_fn(state_arrays, inputs, key):
+            outs = lowered(*state_arrays, *inputs, key=key)
+            return list(outs[:n_state]), list(outs[n_state:])
+
+        state_arrays = state.device_arrays()
+        inputs = self._inputs(backend, tensors)
+        compiled = wafer.compile_step(jax_fn, state_arrays, inputs, self._key(backend), mesh=backend.mesh,
+                                      artifact_dir=backend.artifact_dir,
+                                      name=getattr(self.step_fn, "__name__", "step"))
+        return Program(graph, jax_fn, compiled, n_state, [s.name for s in slots], out_info["spec"],
+                       out_info["leaves"], out_info["positions"], out_info["dtypes"], ctx.closures)
+
+    @staticmethod
+    def _inputs(backend, tensors):
+        return [jax.device_put(bridge.tensor_to_jax(t), wafer.batch_sharding(backend.mesh, tuple(t.shape)))
+                for t in tensors]
+
+    @staticmethod
+    def _key(backend):
+        seed = torch.initial_seed() % (2 ** 32)
+        return jax.random.fold_in(jax.random.PRNGKey(seed), backend.step_count)
+
+    def program_for(self, *args, **kwargs) -> Program:
+        """The program a call with these arguments runs, capturing it if needed."""
+        backend = current_backend_impl(create=True)
+        leaves, spec, tensors, signature = self._split(args, kwargs)
+        program = self.programs.get(signature)
+        if program is None or len(backend.state.slots) != program.n_state or backend.retrace_every_iteration:
+            program = self._capture(backend, leaves, spec, tensors)
+            self.programs[signature] = program
+        return program
+
+    def __call__(self, *args, **kwargs):
+        if capturing.get() is not None:
+            return self.step_fn(*args, **kwargs)
+        backend = current_backend_impl(create=True)
+        program = self.program_for(*args, **kwargs)
+        _, _, tensors, _ = self._split(args, kwargs)
+        state = backend.state
+        new_state, outs = program.compiled(state.device_arrays(), self._inputs(backend, tensors),
+                                           self._key(backend))
+        state.update(new_state)
+        backend.step_count += 1
+        host = [bridge.jax_to_tensor(a, dt) for a, dt in zip(outs, program.out_dtypes)]
+        n_user = len(program.out_tensor_positions)
+        self._run_closures(program, host[n_user:])
+        leaves = list(program.out_leaves)
+        for pos, t in zip(program.out_tensor_positions, host[:n_user]):
+            leaves[pos] = t
+        return pytree.tree_unflatten(leaves, program.out_spec)
+
+    @staticmethod
+    def _run_closures(program, values):
+        from cstorch.utils.data.executor import is_checkpoint_step
+        it = iter(values)
+        for call in program.closures:
+            leaves = list(call.leaves)
+            for pos in call.tensor_positions:
+                leaves[pos] = next(it)
+            if call.checkpoint_only and not is_checkpoint_step():
+                continue
+            args, kwargs = pytree.tree_unflatten(leaves, call.spec)
+            call.fn(*args, **kwargs)
+
+    # JAX-native access ----------------------------------------------------------------
+    def to_jax(self, *args, **kwargs) -> "JaxStep":
+        """The pure JAX function of this step for these arguments, with the current state.
+
+        Captures the step if it has not been captured for arguments like these; runs nothing.
+        """
+        backend = current_backend_impl(create=True)
+        program = self.program_for(*args, **kwargs)
+        _, _, tensors, _ = self._split(args, kwargs)
+        return JaxStep(program, backend.state.device_arrays(), self._inputs(backend, tensors),
+                       self._key(backend))
+
+
+@dataclass
+class JaxStep:
+    """A traced step as plain JAX.
+
+    ``fn(state, inputs, key) -> (new_state, outputs)`` is a pure function of JAX arrays:
+    `state` maps each state tensor's name (``model.0.weight``, ``optimizer.state.0.momentum_buffer``)
+    to its array, `inputs` is the list of the call's tensor arguments in flattening order,
+    `key` the PRNG key random ops draw from. Call it under `jax.jit`, `jax.grad`,
+    `jax.make_jaxpr` or anything else JAX offers.
+    """
+    program: Program
+    state_arrays: list
+    inputs: list
+    key: Any
+
+    @property
+    def state(self) -> dict:
+        return dict(zip(self.program.state_names, self.state_arrays))
+
+    def fn(self, state: dict, inputs, key):
+        names = self.program.state_names
+        new_state, outs = self.program.jax_fn([state[n] for n in names], list(inputs), key)
+        return dict(zip(names, new_state)), outs
+
+    @property
+    def args(self):
+        """(state, inputs, key): the arguments that reproduce the step as it would run now."""
+        return self.state, self.inputs, self.key
+
+    def stablehlo(self) -> str:
+        return jax.jit(self.fn).lower(*self.args).as_text()
+
+    def jaxpr(self):
+        return jax.make_jaxpr(self.fn)(*self.args)
+
+
+class _bound:
+    """Point every module attribute and optimizer entry that holds a state tensor at its
+    traced stand-in for the duration of a capture, then put the originals back."""
+
+    def __init__(self, backend, slots, traced):
+        self.backend, self.slots, self.traced = backend, slots, traced
+
+    def __enter__(self):
+        from cstorch.optim.optimizer import Optimizer
+        tables = {}
+        for module in self.backend.modules:
+            for sub in module.modules():
+                for kind in ("_parameters", "_buffers"):
+                    tables[id(sub.__dict__[kind])] = sub.__dict__[kind]
+        self.saved = []  # (table, key, original tensor, slot index)
+        for i, (slot, traced) in enumerate(zip(self.slots, self.traced)):
+            for location in slot.locations:
+                if location[0] in tables:  # a module table; optimizers bind their own
+                    table, key = tables[location[0]], location[1]
+                    self.saved.append((table, key, dict.__getitem__(table, key), i))
+                    dict.__setitem__(table, key, traced)
+        self.optimizers = list(Optimizer.registered(self.backend))
+        for opt in self.optimizers:
+            opt.bind(self.backend.state, self.traced)
+
+        def current():
+            values = list(self.traced)
+            for table, key, _, i in self.saved:
+                values[i] = dict.__getitem__(table, key)
+            for opt in self.optimizers:
+                opt.collect(self.backend.state, values)
+            return values
+        return current
+
+    def __exit__(self, *exc):
+        for opt in self.optimizers:
+            opt.unbind()
+        for table, key, value, _ in reversed(self.saved):
+            dict.__setitem__(table, key, value)
+        return False
