@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, decomposition_table
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
@@ -40,6 +40,12 @@ class _RefuseValueReads(TorchFunctionMode):
                 f"a tensor's value was read ({name}) while the step was being traced, but "
                 f"tensor values are not known until the step runs. {self.hint}")
         return func(*args, **(kwargs or {}))
+
+
+# Ops whose schema hides an in-place update from functionalisation (native_batch_norm
+# writes the running statistics without declaring it). The first pass replaces them by
+# ops that declare it, so the second pass sees the mutation.
+_HIDDEN_MUTATIONS = {op: decomposition_table[op] for op in (torch.ops.aten.native_batch_norm.default,)}
 
 
 def decompositions():
@@ -75,7 +81,8 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
 
     with fake_mode, _RefuseValueReads(value_read_hint):
         with torch.enable_grad():
-            autograd_graph = make_fx(flat_fn, record_stack_traces=True)(*fakes(requires_grad))
+            autograd_graph = make_fx(flat_fn, decomposition_table=_HIDDEN_MUTATIONS,
+                                     record_stack_traces=True)(*fakes(requires_grad))
 
     def replay(*args):
         return fx.Interpreter(autograd_graph).run(*args)
@@ -85,9 +92,28 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
         graph = make_fx(functional, decomposition_table=decompositions(),
                         record_stack_traces=True)(*fakes([False] * len(inputs)))
     _drop_profiler_ops(graph)
+    _outputs_after_mutation(graph)
     graph.graph.eliminate_dead_code()
     graph.recompile()
     return graph
+
+
+def _outputs_after_mutation(gm: fx.GraphModule):
+    """Functionalisation writes mutated inputs back with trailing `copy_(input, value)` and
+    may still return the input itself (a kernel such as batch norm mutated it in place).
+    The function returned that tensor after the mutation, so the graph returns `value`;
+    the write-backs then have nothing left to do and go."""
+    final = {}
+    for node in gm.graph.nodes:
+        if (node.op == "call_function" and node.target is torch.ops.aten.copy_.default
+                and node.args[0].op == "placeholder"):
+            final[node.args[0]] = node.args[1]
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output.args = fx.node.map_arg(output.args, lambda n: final.get(n, n))
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default \
+                and node.args[0] in final:
+            gm.graph.erase_node(node)
 
 
 def _drop_profiler_ops(gm: fx.GraphModule):

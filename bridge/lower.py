@@ -16,8 +16,8 @@ from bridge.errors import LoweringError
 from bridge.ops import LOWERINGS
 from bridge.ops.random import key_stream
 
-# Mutations of graph inputs that functionalisation writes back at the end of the graph.
-# The lowered function returns new state explicitly, so these have nothing left to do.
+# A write-back of a mutated input left in a graph (bridge.capture removes its own): the
+# lowered function returns new values explicitly, so the write-back is the new value.
 _WRITE_BACKS = {torch.ops.aten.copy_.default}
 
 

@@ -127,3 +127,14 @@ def native_group_norm(x, weight, bias, n, c, hw, group, eps):
     if bias is not None:
         out = out + bias.reshape(shape)
     return out, mean, rstd
+
+
+@lowering(aten.native_batch_norm.default)
+def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    # Left in a graph only where it mutates nothing: evaluation, or training without stats.
+    if training or running_mean is None:
+        out, mean, _, rstd = _batch_norm_train(x, weight, bias, eps)
+        return out, mean, rstd
+    out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
+    empty = jnp.zeros((0,), x.dtype)
+    return out, empty, empty

@@ -41,7 +41,7 @@ def _window(x, kernel, stride, padding, dilation, ceil_mode):
 def _max_pool(x, kernel, stride, padding, dilation, ceil_mode):
     dims, strides, pads, dil = _window(x, kernel, stride, padding, dilation, ceil_mode)
     init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    return jax.lax.reduce_window(x, jnp.asarray(init, x.dtype), jax.lax.max, dims, strides, pads,
+    return jax.lax.reduce_window(x, np.array(init, x.dtype), jax.lax.max, dims, strides, pads,
                                  window_dilation=dil)
 
 
@@ -106,7 +106,7 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
     stride = _expand(stride, nd, kernel)
     padding = _expand(padding, nd, [0])
     dims, strides, pads, dil = _window(x, kernel, stride, padding, [1] * nd, ceil_mode)
-    total = jax.lax.reduce_window(x, jnp.asarray(0, x.dtype), jax.lax.add, dims, strides, pads)
+    total = jax.lax.reduce_window(x, np.array(0, x.dtype), jax.lax.add, dims, strides, pads)
     if divisor_override:
         return total / divisor_override
     # Divisor per window: the window clipped to the padded input (count_include_pad)
@@ -116,10 +116,10 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
     if count_include_pad:
         ones = jnp.pad(ones, [(p, p) for p in padding], constant_values=1)
         extra = [(0, hi - lo) for lo, hi in pads[lead:]]
-        count = jax.lax.reduce_window(ones, jnp.asarray(0, x.dtype), jax.lax.add, dims[lead:],
+        count = jax.lax.reduce_window(ones, np.array(0, x.dtype), jax.lax.add, dims[lead:],
                                       strides[lead:], extra)
     else:
-        count = jax.lax.reduce_window(ones, jnp.asarray(0, x.dtype), jax.lax.add, dims[lead:],
+        count = jax.lax.reduce_window(ones, np.array(0, x.dtype), jax.lax.add, dims[lead:],
                                       strides[lead:], pads[lead:])
     return total / count
 

@@ -1,0 +1,9 @@
+import os
+import sys
+
+# Tests that need several JAX devices on this CPU run in a subprocess that sets XLA_FLAGS
+# itself; the main test process uses one CPU device.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared")
+sys.path.insert(0, ROOT)

@@ -1,0 +1,104 @@
+"""Traced training equals eager PyTorch: a small GPT and a CNN with BatchNorm."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cerebras.pytorch as cstorch
+from tests.foundation.models import SmallCNN, TinyGPT, rel_err
+
+TOL = 1e-4
+
+
+def _eager_sgd(model, lr, momentum):
+    # The reference: torch's own SGD. cstorch's starts the momentum buffer at zero, which
+    # equals torch's first-step buffer when dampening is 0.
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+
+
+def test_gpt_matches_eager_pytorch():
+    torch.manual_seed(0)
+    model = TinyGPT()
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 61, (4, 17), generator=gen) for _ in range(10)]
+
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @cstorch.trace
+    def step(tokens):
+        logits = compiled(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
+        optimizer.step()
+        return loss
+
+    ref_opt = _eager_sgd(reference, 0.1, 0.9)
+    for tokens in batches:
+        loss = step(tokens)
+        logits = reference(tokens[:, :-1])
+        ref_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(reference.parameters()), 1.0)
+        ref_opt.step()
+        assert rel_err(loss, ref_loss.detach()) < TOL
+    assert step.captures == 1
+    ours, theirs = model.state_dict(), reference.state_dict()
+    assert ours.keys() == theirs.keys()
+    for name in theirs:
+        assert rel_err(ours[name], theirs[name]) < TOL, name
+    assert model.head.weight is model.tok.weight
+
+
+def test_cnn_with_batchnorm_train_then_eval_matches_eager():
+    torch.manual_seed(0)
+    model = SmallCNN()
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(2)
+    data = [(torch.randn(8, 3, 16, 16, generator=gen), torch.randint(0, 10, (8,), generator=gen))
+            for _ in range(10)]
+
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    @cstorch.trace
+    def train_step(x, y):
+        loss = F.cross_entropy(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    @cstorch.trace
+    @torch.no_grad()
+    def eval_step(x):
+        return compiled(x)
+
+    ref_opt = _eager_sgd(reference, 0.05, 0.9)
+    model.train()
+    reference.train()
+    for x, y in data:
+        loss = train_step(x, y)
+        ref_loss = F.cross_entropy(reference(x), y)
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        ref_opt.step()
+        assert rel_err(loss, ref_loss.detach()) < TOL
+
+    model.eval()
+    reference.eval()
+    x = data[0][0]
+    with torch.no_grad():
+        expected = reference(x)
+    assert rel_err(eval_step(x), expected) < TOL
+    ours, theirs = model.state_dict(), reference.state_dict()
+    for name in theirs:  # running_mean, running_var and num_batches_tracked included
+        assert rel_err(ours[name], theirs[name]) < TOL, name
+    assert int(ours["features.1.num_batches_tracked"]) == 10
