@@ -3,13 +3,14 @@
 `bridge` knows torch and jax only; it knows nothing of cstorch or the emulated wafer.
 """
 from bridge.capture import capture, decompositions
-from bridge.dtypes import jax_to_tensor, tensor_to_jax, to_jax_dtype, to_torch_dtype
+from bridge.dtypes import jax_to_tensor, tensor_to_jax, tensor_to_numpy, to_jax_dtype, to_torch_dtype
 from bridge.errors import LoweringError, TensorValueReadError
 from bridge.lower import check_lowerable, lower, missing_lowerings
 from bridge.ops import LOWERINGS, lowering
 
 __all__ = [
     "capture", "decompositions", "lower", "check_lowerable", "missing_lowerings", "LOWERINGS",
-    "lowering", "LoweringError", "TensorValueReadError", "tensor_to_jax", "jax_to_tensor",
+    "lowering", "LoweringError", "TensorValueReadError", "tensor_to_jax", "tensor_to_numpy",
+    "jax_to_tensor",
     "to_jax_dtype", "to_torch_dtype",
 ]

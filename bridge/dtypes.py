@@ -41,14 +41,20 @@ def to_torch_dtype(dtype) -> torch.dtype:
     return _NUMPY_TO_TORCH[np.dtype(dtype)]
 
 
-def tensor_to_jax(t: torch.Tensor) -> jax.Array:
-    """A host copy of `t` as a JAX array in the dtype JAX computes `t`'s dtype in."""
+def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """`t` as a numpy array in the dtype JAX computes `t`'s dtype in (no JAX op runs, so
+    nothing is compiled for the conversion)."""
     t = t.detach().cpu()
     if t.dtype == torch.bfloat16:
-        host = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    else:
-        host = t.numpy()
-    return jnp.asarray(host, dtype=to_jax_dtype(t.dtype))
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    host = t.numpy()
+    want = to_jax_dtype(t.dtype)
+    return host if host.dtype == want else host.astype(want)
+
+
+def tensor_to_jax(t: torch.Tensor) -> jax.Array:
+    """A host copy of `t` as a JAX array in the dtype JAX computes `t`'s dtype in."""
+    return jnp.asarray(tensor_to_numpy(t))
 
 
 def jax_to_tensor(a, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -13,7 +13,7 @@ import jax
 import torch
 
 import wafer
-from bridge import jax_to_tensor, tensor_to_jax
+from bridge import jax_to_tensor, tensor_to_numpy
 
 
 @dataclass
@@ -115,7 +115,7 @@ class DeviceState:
                         f"{slot.name} was changed in place on the torch side while newer values "
                         "from the device had not been read back; read the tensor (for example "
                         "through state_dict()) before modifying it")
-                self.arrays[i] = jax.device_put(tensor_to_jax(slot.tensor), sharding)
+                self.arrays[i] = jax.device_put(tensor_to_numpy(slot.tensor), sharding)
                 slot.version = slot.tensor._version
         return list(self.arrays)
 

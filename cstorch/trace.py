@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import jax
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
@@ -51,7 +52,7 @@ def _is_state_owner(x):
 class Program:
     """One captured and compiled step: its graph, JAX function and executable."""
     graph: Any
-    jax_fn: Callable                     # fn(state, inputs, key) -> (new_state, outputs)
+    jax_fn: Callable                     # fn(state, inputs, rng) -> (new_state, outputs)
     compiled: Any
     n_state: int
     state_names: list
@@ -125,7 +126,9 @@ class TracedStep:
         self.captures += 1
         lowered = bridge.lower(graph)
 
-        def jax_fn(state_arrays, inputs, key):
+        def jax_fn(state_arrays, inputs, rng):
+            seed, step_index = rng[0], rng[1]
+            key = jax.random.fold_in(jax.random.PRNGKey(seed), step_index)
             outs = lowered(*state_arrays, *inputs, key=key)
             return list(outs[:n_state]), list(outs[n_state:])
 
@@ -139,13 +142,14 @@ class TracedStep:
 
     @staticmethod
     def _inputs(backend, tensors):
-        return [jax.device_put(bridge.tensor_to_jax(t), wafer.batch_sharding(backend.mesh, tuple(t.shape)))
+        return [jax.device_put(bridge.tensor_to_numpy(t), wafer.batch_sharding(backend.mesh, tuple(t.shape)))
                 for t in tensors]
 
     @staticmethod
     def _key(backend):
-        seed = torch.initial_seed() % (2 ** 32)
-        return jax.random.fold_in(jax.random.PRNGKey(seed), backend.step_count)
+        """(seed, step): the step's PRNG key is folded from these inside the program, so a
+        run is reproducible from `torch.manual_seed` and each step draws new numbers."""
+        return np.array([torch.initial_seed() % (2 ** 32), backend.step_count % (2 ** 32)], np.uint32)
 
     def program_for(self, *args, **kwargs) -> Program:
         """The program a call with these arguments runs, capturing it if needed."""
@@ -206,30 +210,30 @@ class TracedStep:
 class JaxStep:
     """A traced step as plain JAX.
 
-    ``fn(state, inputs, key) -> (new_state, outputs)`` is a pure function of JAX arrays:
+    ``fn(state, inputs, rng) -> (new_state, outputs)`` is a pure function of JAX arrays:
     `state` maps each state tensor's name (``model.0.weight``, ``optimizer.state.0.momentum_buffer``)
     to its array, `inputs` is the list of the call's tensor arguments in flattening order,
-    `key` the PRNG key random ops draw from. Call it under `jax.jit`, `jax.grad`,
+    `rng` a uint32 pair (seed, step) random ops draw their key from. Call it under `jax.jit`, `jax.grad`,
     `jax.make_jaxpr` or anything else JAX offers.
     """
     program: Program
     state_arrays: list
     inputs: list
-    key: Any
+    rng: Any
 
     @property
     def state(self) -> dict:
         return dict(zip(self.program.state_names, self.state_arrays))
 
-    def fn(self, state: dict, inputs, key):
+    def fn(self, state: dict, inputs, rng):
         names = self.program.state_names
-        new_state, outs = self.program.jax_fn([state[n] for n in names], list(inputs), key)
+        new_state, outs = self.program.jax_fn([state[n] for n in names], list(inputs), rng)
         return dict(zip(names, new_state)), outs
 
     @property
     def args(self):
-        """(state, inputs, key): the arguments that reproduce the step as it would run now."""
-        return self.state, self.inputs, self.key
+        """(state, inputs, rng): the arguments that reproduce the step as it would run now."""
+        return self.state, self.inputs, self.rng
 
     def stablehlo(self) -> str:
         return jax.jit(self.fn).lower(*self.args).as_text()

@@ -11,7 +11,7 @@ from wafer.layout import batch_sharding, replicated
 
 @dataclass
 class CompiledStep:
-    """An XLA executable of ``fn(state, inputs, key) -> (new_state, outputs)``."""
+    """An XLA executable of ``fn(state, inputs, rng) -> (new_state, outputs)``."""
     executable: Any
     lowered: Any
     state_shardings: Any

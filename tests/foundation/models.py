@@ -1,6 +1,8 @@
 """Small models the foundation tests train, and an eager PyTorch reference loop."""
 import math
 
+import numpy as np
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -68,5 +70,6 @@ class SmallCNN(nn.Module):
 
 
 def rel_err(a, b):
-    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
+    a, b = (v.detach().double() if isinstance(v, torch.Tensor)
+            else torch.from_numpy(np.array(v, dtype=np.float64)) for v in (a, b))
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))

@@ -1,0 +1,137 @@
+"""cstorch.backend and its parameters, the csx flags, compile, and the cerebras.pytorch alias."""
+import importlib
+import warnings
+
+import pytest
+import torch
+
+import cerebras.pytorch as cstorch
+
+
+def test_alias_gives_this_projects_modules():
+    import cstorch as ours
+    from cerebras.pytorch.utils.data import DataLoader
+    import cerebras.pytorch.optim
+    assert cstorch is ours
+    assert DataLoader is ours.utils.data.DataLoader
+    assert cerebras.pytorch.optim.SGD is ours.optim.SGD
+    assert ours.utils.data.__spec__.name == "cstorch.utils.data"
+
+
+@pytest.mark.parametrize("kind", ["CPU", "CSX", "cpu"])
+def test_backend_types(kind):
+    b = cstorch.backend(kind)
+    assert cstorch.backend() is b
+    assert b.backend_type == kind.upper()
+    assert cstorch.use_cs() == (kind.upper() == "CSX")
+    assert cstorch.current_torch_device() == torch.device("cpu")
+
+
+def test_every_documented_parameter_is_accepted(tmp_path):
+    cstorch.backend("CSX", artifact_dir=str(tmp_path), compile_dir=str(tmp_path / "cc"),
+                    compile_only=False, validate_only=False, drop_data=False, max_checkpoints=3,
+                    log_initialization=True, retrace_every_iteration=False)
+    cstorch.backend("CPU", artifact_dir=str(tmp_path), max_checkpoints=None, mixed_precision=None)
+    assert cstorch.backend().artifact_dir == str(tmp_path)
+
+
+def test_gpu_backend_without_a_gpu_says_so():
+    import jax
+    if any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="no GPU"):
+        cstorch.backend("GPU", enable_distributed=False, main_process_id=0, dist_backend="nccl",
+                        init_method=None, sync_batchnorm=False)
+
+
+@pytest.mark.parametrize("args, kwargs, error, match", [
+    (("TPU",), {}, ValueError, "unknown backend type"),
+    (("CPU",), {"compile_only": True}, TypeError, "unexpected parameter.*compile_only"),
+    (("CSX",), {"max_checkpoints": 0}, ValueError, "max_checkpoints"),
+    (("CSX",), {"drop_data": "yes"}, TypeError, "drop_data must be a bool"),
+    (("CPU", "logs"), {}, TypeError, "by keyword"),
+    ((None,), {"artifact_dir": "x"}, TypeError, "need a backend_type"),
+])
+def test_bad_backend_arguments(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        cstorch.backend(*args, **kwargs)
+
+
+def test_current_backend_is_deprecated_and_can_return_none(monkeypatch):
+    backend_module = importlib.import_module("cstorch.backend")
+    monkeypatch.setattr(backend_module, "_current", None)
+    with pytest.warns(DeprecationWarning, match="cstorch.backend"):
+        assert cstorch.current_backend(raise_exception=False) is None
+    with pytest.raises(RuntimeError, match="no backend"):
+        cstorch.current_backend(raise_warning=False)
+    with pytest.raises(RuntimeError, match="no backend"):
+        cstorch.backend()
+    assert cstorch.current_torch_device() == torch.device("cpu")
+    b = cstorch.backend("CPU")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cstorch.current_backend(raise_warning=False) is b
+
+
+def test_csx_flags_defaults_and_validation():
+    csx = cstorch.backends.csx
+    assert csx.precision.optimization_level == 1
+    assert csx.performance.micro_batch_size == "auto"
+    assert csx.performance.transfer_processes == 5
+    assert csx.debug.retrace_every_iteration is False
+    assert csx.debug.lazy_initialization is True
+    assert csx.debug.debug_args is None and csx.debug.ini is None
+    assert csx.debug.compile_crd_memory_gi is None and csx.debug.wgt_memory_gi is None
+    try:
+        csx.precision.optimization_level = 2
+        csx.performance.micro_batch_size = {"explore": {"min": 2, "max": 8}}
+        csx.performance.micro_batch_size = 16
+        csx.performance.micro_batch_size = None
+        for bad in (3, -1, 1.0, True):
+            with pytest.raises(ValueError, match=r"\[0, 3\)"):
+                csx.precision.optimization_level = bad
+        for bad in (0, "fast", {"explore": {"min": 8, "max": 2}}, {"explore": {"lo": 1}}):
+            with pytest.raises(ValueError, match="micro_batch_size"):
+                csx.performance.micro_batch_size = bad
+        with pytest.raises(ValueError, match="transfer_processes"):
+            csx.performance.transfer_processes = 0
+        with pytest.raises(TypeError, match="retrace_every_iteration"):
+            csx.debug.retrace_every_iteration = 1
+        with pytest.raises(AttributeError, match="no flag"):
+            csx.debug.not_a_flag = 1
+    finally:
+        for group in (csx.precision, csx.performance, csx.debug):
+            group.reset()
+
+
+def test_compile_returns_a_pseudo_module():
+    cstorch.backend("CPU")
+    model = torch.nn.Linear(3, 2)
+    compiled = cstorch.compile(model)
+    x = torch.randn(4, 3)
+    assert torch.equal(compiled(x), model(x))
+    assert list(compiled.parameters()) == list(model.parameters())
+    with pytest.raises(AttributeError, match="private"):
+        compiled._parameters
+    with pytest.raises(TypeError, match="already been compiled"):
+        cstorch.compile(compiled)
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        cstorch.compile(lambda x: x)
+    with pytest.raises(RuntimeError, match="already been compiled"):
+        cstorch.compile(model)
+
+
+def test_compile_without_backend_creates_a_cpu_backend(monkeypatch):
+    backend_module = importlib.import_module("cstorch.backend")
+    monkeypatch.setattr(backend_module, "_current", None)
+    cstorch.compile(torch.nn.Linear(2, 2))
+    assert cstorch.backend().backend_type == "CPU"
+    cstorch.compile(torch.nn.Linear(2, 2), "CSX")
+    assert cstorch.use_cs()
+
+
+def test_csx_backend_runs_on_an_emulated_mesh():
+    import jax
+    b = cstorch.backend("CSX")
+    assert b.mesh.axis_names == ("systems", "rows", "cols")
+    assert b.mesh.devices.size == len(jax.devices())

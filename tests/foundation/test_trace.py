@@ -1,0 +1,165 @@
+"""One capture and one compilation per step signature; the JAX function of a step; the
+errors a traced step raises."""
+import jax
+import jax.monitoring
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import cerebras.pytorch as cstorch
+from tests.foundation.models import rel_err
+
+
+@pytest.fixture
+def mlp():
+    torch.manual_seed(0)
+    cstorch.backend("CPU")
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    compiled = cstorch.compile(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @cstorch.trace
+    def step(x, y):
+        loss = F.cross_entropy(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return model, optimizer, step
+
+
+def _batch(i, n=8):
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def test_ten_steps_are_one_capture_and_one_xla_compilation(mlp):
+    model, optimizer, step = mlp
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for i in range(10):
+            step(*_batch(i))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert step.captures == 1
+    assert len(compiles) == 1
+
+
+def test_a_new_batch_shape_is_a_new_capture(mlp):
+    _, _, step = mlp
+    step(*_batch(0, 8))
+    step(*_batch(1, 8))
+    step(*_batch(2, 4))
+    assert step.captures == 2
+
+
+def test_jax_function_under_users_jit_equals_the_traced_step(mlp):
+    model, optimizer, step = mlp
+    step(*_batch(0))
+    x, y = _batch(1)
+    js = step.to_jax(x, y)
+    state, inputs, rng = js.args
+    new_state, (loss,) = jax.jit(js.fn)(state, inputs, rng)
+    # Copies: the traced step donates its state buffers to XLA.
+    before = {k: np.asarray(v).copy() for k, v in new_state.items()}
+    traced_loss = step(x, y)
+    assert rel_err(np.asarray(loss), traced_loss) < 1e-6
+    after = model.state_dict()
+    for name, value in before.items():
+        if name.startswith("model."):
+            assert rel_err(value, after[name[len("model."):]]) < 1e-6, name
+    momentum = optimizer.state_dict()["state"][0]["momentum_buffer"]
+    assert rel_err(before["optimizer.state.0.momentum_buffer"], momentum) < 1e-6
+
+
+def test_jax_function_composes_with_jax_transformations(mlp):
+    _, _, step = mlp
+    js = step.to_jax(*_batch(0))
+    state, inputs, rng = js.args
+    jaxpr = jax.make_jaxpr(js.fn)(state, inputs, rng)
+    assert "dot_general" in str(jaxpr)
+    assert "stablehlo" in js.stablehlo() or "func.func" in js.stablehlo()
+
+    def loss_of_first_weight(w):
+        return js.fn({**state, "model.0.weight": w}, inputs, rng)[1][0]
+
+    grad = jax.grad(loss_of_first_weight)(state["model.0.weight"])
+    assert grad.shape == state["model.0.weight"].shape
+    assert float(jnp_abs_sum(grad)) > 0
+
+
+def jnp_abs_sum(a):
+    return np.abs(np.asarray(a)).sum()
+
+
+def test_state_is_visible_through_the_torch_module_after_steps(mlp):
+    model, optimizer, step = mlp
+    w0 = model[0].weight.detach().clone()
+    step(*_batch(0))
+    assert not torch.equal(model[0].weight, w0)  # attribute access shows the new value
+    assert torch.equal(dict(model.named_parameters())["0.weight"], model[0].weight)
+    assert torch.equal(model.state_dict()["0.weight"], model[0].weight)
+
+
+def test_torch_side_writes_reach_the_next_step(mlp):
+    model, optimizer, step = mlp
+    step(*_batch(0))
+    with torch.no_grad():
+        model[2].bias.fill_(5.0)
+    step(*_batch(1))
+    assert not torch.allclose(model[2].bias, torch.full((3,), 5.0))
+    assert (model[2].bias - 5.0).abs().max() < 1.0  # one step away from 5, not from before
+
+
+@pytest.mark.parametrize("read", [
+    lambda t: t.item(), lambda t: print(t), lambda t: bool(t.sum() > 0), lambda t: t.tolist(),
+    lambda t: float(t.sum()),
+])
+def test_reading_a_value_inside_a_traced_step_says_to_use_step_closure(read):
+    cstorch.backend("CPU")
+    model = nn.Linear(3, 1)
+    compiled = cstorch.compile(model)
+
+    @cstorch.trace
+    def step(x):
+        out = compiled(x)
+        read(out)
+        return out
+
+    with pytest.raises(RuntimeError, match="step_closure"):
+        step(torch.randn(2, 3))
+    # Nothing of the failed capture is left behind on the module.
+    assert isinstance(model.weight, nn.Parameter)
+    assert model(torch.randn(2, 3)).shape == (2, 1)
+
+
+def test_dropout_draws_a_fresh_mask_each_step_reproducibly():
+    def run():
+        torch.manual_seed(3)
+        cstorch.backend("CPU")
+        model = nn.Sequential(nn.Dropout(0.5))
+        compiled = cstorch.compile(model)
+
+        @cstorch.trace
+        def step(x):
+            return compiled(x)
+
+        x = torch.ones(64)
+        return [step(x) for _ in range(3)]
+
+    first, second = run(), run()
+    assert not torch.equal(first[0], first[1])  # a new mask every step
+    for a, b in zip(first, second):              # the same masks from the same seed
+        assert torch.equal(a, b)
+    kept = first[0][first[0] != 0]
+    assert torch.allclose(kept, torch.full_like(kept, 2.0))
+    assert 10 < int((first[0] == 0).sum()) < 54
