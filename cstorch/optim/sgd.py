@@ -11,7 +11,7 @@ class SGD(Optimizer):
     with dampening the first step moves by ``(1 - dampening) * grad``.
     """
 
-    def __init__(self, params, lr=0.001, momentum=0.0, dampening=0.0, weight_decay=0.0,
+    def __init__(self, params, lr=0.001, momentum=0, dampening=0, weight_decay=0,
                  nesterov=False, maximize=False):
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Install the project into ./.venv. `scripts/install.sh test` adds the test dependencies.
+# torch is pinned to the CPU build first, so that no dependency can pull a CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+if [ "${1:-}" = "test" ]; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+else
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
+fi
+.venv/bin/python -c "import torch; assert not torch.version.cuda, 'a CUDA build of torch was installed'"
