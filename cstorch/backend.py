@@ -66,8 +66,6 @@ class Backend:
         self.params = values
         self.artifact_dir = values["artifact_dir"] or os.path.join(os.getcwd(), "cerebras_logs")
         self.max_checkpoints = mc
-        if self.backend_type == "CSX" and values["retrace_every_iteration"]:
-            csx.debug.retrace_every_iteration = True
         if self.backend_type == "CSX" and "compile_dir" in params:
             os.makedirs(values["compile_dir"], exist_ok=True)
             jax.config.update("jax_compilation_cache_dir", values["compile_dir"])

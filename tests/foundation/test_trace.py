@@ -163,3 +163,33 @@ def test_dropout_draws_a_fresh_mask_each_step_reproducibly():
     kept = first[0][first[0] != 0]
     assert torch.allclose(kept, torch.full_like(kept, 2.0))
     assert 10 < int((first[0] == 0).sum()) < 54
+
+
+def test_optimizer_state_is_current_after_steps(mlp):
+    model, optimizer, step = mlp
+    step(*_batch(0))
+    buf = optimizer.state[model[0].weight]["momentum_buffer"]
+    assert buf.abs().sum() > 0
+    assert torch.equal(optimizer.state_dict()["state"][0]["momentum_buffer"], buf)
+
+
+def test_retrace_every_iteration_captures_each_call():
+    cstorch.backend("CSX", retrace_every_iteration=True)
+    try:
+        compiled = cstorch.compile(nn.Linear(2, 2))
+
+        @cstorch.trace
+        def step(x):
+            return compiled(x)
+
+        for _ in range(3):
+            step(torch.randn(1, 2))
+        assert step.captures == 3
+    finally:
+        cstorch.backends.csx.debug.reset()
+
+
+def test_compile_only_backend_runs_one_step_by_default():
+    cstorch.backend("CSX", compile_only=True)
+    loader = cstorch.utils.data.DataLoader(lambda: [torch.zeros(1)] * 5)
+    assert len(list(cstorch.utils.data.DataExecutor(loader))) == 1

@@ -11,6 +11,8 @@ _current: Optional["DataExecutor"] = None
 
 class DataExecutor:
     """Runs `num_steps` steps over `dataloader`, starting a new pass over it when one ends.
+    Without `num_steps` it runs one pass, or one step on a compile-only or validate-only
+    backend.
 
     `checkpoint_steps`: None (no checkpoints), an int ``n`` (every ``n``-th step and the last
     one), or a callable schedule taking the zero-based step index and returning whether
@@ -36,6 +38,11 @@ class DataExecutor:
                     or checkpoint_steps < 0:
                 raise ValueError(f"checkpoint_steps must be None, a non-negative int or a schedule, "
                                  f"got {checkpoint_steps!r}")
+        if num_steps is None:
+            from cstorch.backend import current_backend_impl
+            backend = current_backend_impl()
+            if backend is not None and (backend.params.get("compile_only") or backend.params.get("validate_only")):
+                num_steps = 1
         self.dataloader = dataloader
         self.num_steps = num_steps
         self.checkpoint_steps = checkpoint_steps
