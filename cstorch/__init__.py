@@ -6,6 +6,7 @@ from cstorch import backends, optim, utils
 from cstorch.backend import backend, current_backend, current_torch_device, use_cs
 from cstorch.compile import compile
 from cstorch.storage import load, save
+from cstorch.storage import full, full_like, ones, ones_like, zeros, zeros_like
 from cstorch.trace import TracedStep, JaxStep
 from cstorch.utils.data.executor import current_executor
 from cstorch.utils.step_closures import checkpoint_closure, step_closure
@@ -28,5 +29,5 @@ def trace(step_fn):
 __all__ = [
     "backend", "current_backend", "current_torch_device", "use_cs", "backends", "compile", "trace",
     "TracedStep", "JaxStep", "save", "load", "optim", "utils", "step_closure", "checkpoint_closure",
-    "current_executor",
+    "current_executor", "full", "full_like", "ones", "ones_like", "zeros", "zeros_like",
 ]

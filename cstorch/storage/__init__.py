@@ -1,4 +1,11 @@
-"""Checkpoints: `cstorch.save` and `cstorch.load` in the Cerebras HDF5 format."""
-from cstorch.storage.hdf5 import load, save
+"""Checkpoints: `cstorch.save` and `cstorch.load` in the Cerebras HDF5 format, and the
+lazily initialised creation ops `full`, `zeros`, `ones` (and `_like`)."""
+from cstorch.storage.creation import (DeferredFullTensor, full, full_like, ones, ones_like, zeros,
+                                      zeros_like)
+from cstorch.storage.lazy import LazyTensor
+from cstorch.storage.pickling import UnsafePickleError
+from cstorch.storage.reader import load
+from cstorch.storage.writer import save
 
-__all__ = ["save", "load"]
+__all__ = ["save", "load", "full", "full_like", "ones", "ones_like", "zeros", "zeros_like",
+           "LazyTensor", "DeferredFullTensor", "UnsafePickleError"]

@@ -1,0 +1,161 @@
+"""Tensors whose data is produced on use: read from a checkpoint file, or a fill value.
+
+`LazyTensor` is a wrapper subclass of `torch.Tensor` with the right shape and dtype but
+no storage. Every torch function or method that needs the data first materialises it
+(through `__torch_function__`, with `__torch_dispatch__` as the backstop for calls that
+reach the dispatcher directly), so a lazy tensor can be used anywhere a tensor can.
+Metadata queries (shape, dtype, device, ...) never touch the data.
+"""
+import threading
+
+import torch
+import torch.utils._pytree as pytree
+
+_META_PROPS = ("shape", "dtype", "device", "ndim", "layout", "requires_grad", "is_leaf",
+               "grad", "grad_fn", "is_cuda", "is_sparse", "is_quantized", "is_meta",
+               "is_nested", "names", "_version", "output_nr", "is_mps", "is_xpu")
+_META_METHODS = ("size", "dim", "numel", "nelement", "element_size", "is_floating_point",
+                 "is_complex", "get_device", "__hash__", "ndimension", "is_signed",
+                 "__len__", "__torch_function__")
+
+
+def _meta_funcs():
+    out = set()
+    for name in _META_PROPS:
+        prop = getattr(torch.Tensor, name, None)
+        if prop is not None and hasattr(prop, "__get__"):
+            out.add(prop.__get__)
+    for name in _META_METHODS:
+        fn = getattr(torch.Tensor, name, None)
+        if fn is not None:
+            out.add(fn)
+    return out
+
+
+_META = _meta_funcs()
+_INPLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+                    "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__",
+                    "__irshift__", "__imatmul__", "__setitem__", "__set__"}
+
+
+def _mutates(func, kwargs) -> bool:
+    name = getattr(func, "__name__", "")
+    if name in _INPLACE_DUNDERS or kwargs.get("out") is not None:
+        return True
+    return name.endswith("_") and not name.endswith("__")
+
+
+class LazyTensor(torch.Tensor):
+    """Base of tensors that hold no data until used; subclasses define `_produce`.
+
+    `keep` says whether the produced value is kept after the first use; a value that
+    is modified in place is always kept, so the change is not lost.
+    """
+
+    @staticmethod
+    def __new__(cls, shape, dtype, keep=False):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, tuple(shape), dtype=dtype, device="cpu", requires_grad=False)
+
+    def __init__(self, shape, dtype, keep=False):
+        self._keep = keep
+        self._value = None
+        self._lock = threading.Lock()
+
+    def _produce(self) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def materialize(self, keep: bool = False) -> torch.Tensor:
+        """The data as an ordinary tensor (kept for later uses if `keep` or the tensor caches)."""
+        value = self._value
+        if value is not None:
+            return value
+        with self._lock:
+            if self._value is not None:
+                return self._value
+            value = self._produce()
+            if tuple(value.shape) != tuple(self.shape) or value.dtype != self.dtype:
+                raise RuntimeError(
+                    f"lazy tensor produced {tuple(value.shape)} {value.dtype}, "
+                    f"expected {tuple(self.shape)} {self.dtype}")
+            if keep or self._keep:
+                self._value = value
+            return value
+
+    @property
+    def is_materialized(self) -> bool:
+        return self._value is not None
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _META:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        keep = _mutates(func, kwargs)
+        args, kwargs = pytree.tree_map_only(
+            LazyTensor, lambda t: t.materialize(keep=keep), (args, kwargs))
+        return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        keep = func._schema.is_mutable if hasattr(func, "_schema") else False
+        args, kwargs = pytree.tree_map_only(
+            LazyTensor, lambda t: t.materialize(keep=keep), (args, kwargs))
+        return func(*args, **kwargs)
+
+    def __repr__(self, *, tensor_contents=None):
+        return repr(self.materialize())
+
+
+class FileSource:
+    """An open checkpoint file shared by the lazy tensors loaded from it.
+
+    Holding the handle keeps the data readable even when the path is later replaced
+    or deleted (the next `save` to the same path, or `max_checkpoints` pruning).
+    """
+
+    def __init__(self, h5file, name):
+        self._file = h5file
+        self.name = name
+        self._lock = threading.Lock()
+
+    def read(self, key, dtype):
+        from cstorch.storage.dtypes import numpy_to_tensor
+        with self._lock:
+            try:
+                if self._file is None:
+                    raise ValueError("the file was closed")
+                arr = self._file[key][()]
+            except Exception as e:
+                raise RuntimeError(f"cannot read tensor {key!r} from checkpoint {self.name}: {e}") from e
+        return numpy_to_tensor(arr, dtype)
+
+    def close(self):
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except Exception:
+                    pass
+                self._file = None
+
+    def __del__(self):
+        self.close()
+
+
+class FileTensor(LazyTensor):
+    """A tensor stored in a checkpoint file, read on use (and kept when `keep`)."""
+
+    @staticmethod
+    def __new__(cls, source, key, shape, dtype, keep=False):
+        return LazyTensor.__new__(cls, shape, dtype)
+
+    def __init__(self, source, key, shape, dtype, keep=False):
+        super().__init__(shape, dtype, keep)
+        self._source = source
+        self._key = key
+
+    def _produce(self):
+        return self._source.read(self._key, self.dtype)
