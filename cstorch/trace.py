@@ -84,6 +84,16 @@ class TracedStep:
 
     def _capture(self, backend, leaves, spec, tensors) -> Program:
         from cstorch.optim.optimizer import Optimizer
+        for leaf in leaves:
+            # torch's optimizers create their state lazily inside the step, which would
+            # leave traced tensors in the optimizer; only cstorch's exist beforehand.
+            if isinstance(leaf, torch.optim.Optimizer) and not isinstance(leaf, Optimizer):
+                name = type(leaf).__name__
+                raise TypeError(
+                    f"a torch.optim.{name} was passed to the traced step "
+                    f"{getattr(self, '__name__', 'step')!r}; "
+                    f"traced steps need optimizers whose state exists before the first step: "
+                    f"use cstorch.optim.{name} (from cerebras.pytorch.optim) instead")
         state = backend.state
         for opt in Optimizer.registered(backend):
             opt.register_state(state)

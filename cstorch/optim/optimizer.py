@@ -21,6 +21,9 @@ class Optimizer(torch.optim.Optimizer, ABC):
 
     def __init__(self, params, defaults, enable_global_step: bool = False):
         super().__init__(params, defaults)
+        # Tensors that schedules of this optimizer keep (an LR scheduler's step counter):
+        # device state like the optimizer's own, but outside its state_dict.
+        self.schedule_state = {}
         self.enable_global_step = enable_global_step
         if enable_global_step:
             for group in self.param_groups:
@@ -78,6 +81,8 @@ class Optimizer(torch.optim.Optimizer, ABC):
                 if key != "params" and isinstance(value, torch.Tensor):
                     yield (f"{self._prefix}.param_groups.{g}.{key}", ("optimizer-group", id(self), g, key),
                            value)
+        for key, value in self.__dict__.get("schedule_state", {}).items():
+            yield f"{self._prefix}.{key}", ("optimizer-schedule", id(self), key), value
 
     def register_state(self, device_state):
         """Make every state tensor a slot of the device state (again, after a load)."""
@@ -92,7 +97,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
     def bind(self, device_state, traced):
         params = self._params()
         self._bound = ([list(g["params"]) for g in self.param_groups], self.__dict__["_state"],
-                       [dict(g) for g in self.param_groups])
+                       [dict(g) for g in self.param_groups], dict(self.schedule_state))
         swap = {id(p): traced[device_state.index_of(p)] for p in params}
         new_state = defaultdict(dict)
         for p in params:
@@ -106,11 +111,15 @@ class Optimizer(torch.optim.Optimizer, ABC):
                 if key != "params" and isinstance(value, torch.Tensor):
                     group[key] = traced[device_state.index_of(value)]
         self.__dict__["_state"] = new_state
+        for key, value in list(self.schedule_state.items()):
+            self.schedule_state[key] = traced[device_state.index_of(value)]
         self._slot_of = {loc: device_state.slot_of_location(loc) for _, loc, _ in
                          self._original_locations(device_state)}
 
     def _original_locations(self, device_state):
-        saved_groups, saved_state, saved_group_values = self._bound
+        saved_groups, saved_state, saved_group_values, saved_schedule = self._bound
+        for key, value in saved_schedule.items():
+            yield None, ("optimizer-schedule", id(self), key), value
         for i, p in enumerate(p for ps in saved_groups for p in ps):
             for key, value in saved_state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
@@ -126,7 +135,9 @@ class Optimizer(torch.optim.Optimizer, ABC):
             values[self._slot_of[location]] = tensor
 
     def unbind(self):
-        saved_groups, saved_state, saved_group_values = self._bound
+        saved_groups, saved_state, saved_group_values, saved_schedule = self._bound
+        self.schedule_state.clear()
+        self.schedule_state.update(saved_schedule)
         for group, params, values in zip(self.param_groups, saved_groups, saved_group_values):
             group.clear()
             group.update(values)

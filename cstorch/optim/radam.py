@@ -1,0 +1,66 @@
+"""`cstorch.optim.RAdam`: Adam with a rectified adaptive learning rate (Liu et al., 2019)."""
+import math
+
+import torch
+
+from cstorch.optim import _update as U
+
+
+def _expm1_minus_x(x):
+    """``exp(x) - 1 - x`` without the cancellation of the direct form for small x."""
+    series = torch.zeros_like(x)
+    term = x * x / 2
+    for k in range(3, 14):
+        series = series + term
+        term = term * x / k
+    return torch.where(x < 0.5, series, torch.expm1(x) - x)
+
+
+def _rho(step, beta2):
+    """RAdam's ``rho_t = rho_inf - 2 t beta2^t / (1 - beta2^t)`` and ``1 - beta2^t``.
+
+    The direct form subtracts two numbers near ``rho_inf`` (about 2000 for beta2 = 0.999),
+    losing most float32 digits just when rho_t crosses 5. With ``c = -log(beta2)`` and
+    ``x = c t`` it equals ``K + (2 / c) (e^x - 1 - x) / (e^x - 1)``, where the constant
+    ``K = 2 / (1 - beta2) - 1 - 2 / c`` is computed in Python doubles.
+    """
+    c = -math.log(beta2)
+    x = step * c
+    k = 2 / (1 - beta2) - 1 - 2 / c
+    em1 = torch.expm1(x)
+    return k + (2 / c) * _expm1_minus_x(x) / em1, -torch.expm1(-x)
+
+
+class RAdam(U.ElementwiseOptimizer):
+    """RAdam: while the variance estimate is unreliable (``rho_t <= 5``) the step is plain
+    bias-corrected momentum; afterwards it is the rectified Adam step. The switch is a
+    tensor select on the per-parameter ``step``, so a traced step handles both phases.
+    ``weight_decay`` is L2 regularisation of the gradient.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        U.check("learning rate", lr)
+        U.check("epsilon value", eps)
+        U.check("beta parameter at index 0", betas[0], high=1.0, strict_high=True)
+        U.check("beta parameter at index 1", betas[1], high=1.0, strict_high=True)
+        U.check("weight_decay value", weight_decay)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    def init_state(self, p, group):
+        return {"step": U.counter(), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+
+    def update(self, p, grad, group, state):
+        beta1, beta2 = group["betas"]
+        step = state["step"].add_(1)
+        U.ema_(state["exp_avg"], grad, beta1)
+        U.ema_sq_(state["exp_avg_sq"], grad, beta2)
+        bias1 = 1 - torch.pow(beta1, step)
+        rho_inf = 2 / (1 - beta2) - 1
+        rho_t, bias2 = _rho(step, beta2)
+        rectified = rho_t > 5
+        safe_rho = torch.where(rectified, rho_t, torch.full_like(rho_t, 6.0))
+        rect = torch.sqrt((safe_rho - 4) * (safe_rho - 2) * rho_inf
+                          / ((rho_inf - 4) * (rho_inf - 2) * safe_rho))
+        adaptive = bias2.sqrt() / (state["exp_avg_sq"].sqrt() + group["eps"])
+        factor = torch.where(rectified, adaptive * rect, torch.ones_like(adaptive))
+        U.subtract_scaled(p, state["exp_avg"] / bias1 * factor, group["lr"])

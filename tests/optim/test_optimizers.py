@@ -1,0 +1,78 @@
+"""Every optimizer of the fixture reproduces the real package's trajectory, eagerly and
+inside one traced step captured once."""
+import pytest
+import torch
+
+import cerebras.pytorch as cstorch
+from tests.optim.common import OPT_CLASS, OPTIMIZERS, RTOL, Linear, loss_fn, problem, rel_err
+
+
+def _check(entry, step_index, w, b, loss):
+    ref = OPTIMIZERS[entry]["trajectory"][step_index]
+    # Each recorded point is the loss before the step and the parameters after it.
+    return max(rel_err(loss, ref["loss"]), rel_err(w, ref["w"]), rel_err(b, ref["b"]))
+
+
+@pytest.mark.parametrize("entry", list(OPTIMIZERS))
+def test_eager_trajectory_and_state_keys(entry):
+    cstorch.backend("CPU")
+    w, b, data = problem()
+    w.requires_grad_()
+    b.requires_grad_()
+    opt = getattr(cstorch.optim, OPT_CLASS[entry])([w, b], **OPTIMIZERS[entry]["kwargs"])
+    sd = opt.state_dict()
+    assert {str(k): sorted(v) for k, v in sd["state"].items()} == OPTIMIZERS[entry]["state_keys"]
+    assert sorted(sd["param_groups"][0]) == OPTIMIZERS[entry]["param_group_keys"]
+    worst = 0.0
+    for i, (x, y) in enumerate(data):
+        loss = loss_fn(w, b, x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        worst = max(worst, _check(entry, i, w.detach(), b.detach(), loss.detach()))
+    assert worst < RTOL, worst
+
+
+@pytest.mark.parametrize("entry", list(OPTIMIZERS))
+def test_traced_trajectory(entry):
+    cstorch.backend("CPU")
+    w, b, data = problem()
+    model = Linear(w, b)
+    compiled = cstorch.compile(model)
+    opt = getattr(cstorch.optim, OPT_CLASS[entry])(model.parameters(), **OPTIMIZERS[entry]["kwargs"])
+
+    @cstorch.trace
+    def step(x, y):
+        opt.zero_grad()
+        loss = ((compiled(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    worst = 0.0
+    for i, (x, y) in enumerate(data):
+        loss = step(x, y)
+        worst = max(worst, _check(entry, i, model.w.detach(), model.b.detach(), loss))
+    assert step.captures == 1
+    assert worst < RTOL, worst
+    sd = opt.state_dict()
+    assert {str(k): sorted(v) for k, v in sd["state"].items()} == OPTIMIZERS[entry]["state_keys"]
+
+
+def test_torch_optimizer_in_traced_step_names_the_cstorch_class():
+    cstorch.backend("CPU")
+    w, b, data = problem()
+    model = Linear(w, b)
+    compiled = cstorch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+
+    @cstorch.trace
+    def step(x, y, optimizer):
+        optimizer.zero_grad()
+        loss = ((compiled(x) - y) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    with pytest.raises(TypeError, match=r"cstorch\.optim\.AdamW"):
+        step(*data[0], opt)
