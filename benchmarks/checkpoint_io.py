@@ -10,13 +10,15 @@ The table is written to docs/benchmarks.md under "Checkpoint I/O".
 """
 import argparse
 import os
-import re
+import sys
 import tempfile
 import time
 
 import torch
 
-import cstorch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import cstorch  # noqa: E402
+from benchmarks._report import write_section  # noqa: E402
 
 SECTION = "## Checkpoint I/O"
 
@@ -128,15 +130,10 @@ def main():
     print(table)
 
     if not args.no_doc:
-        doc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "benchmarks.md")
         body = (f"{SECTION}\n\nMeasured by `benchmarks/checkpoint_io.py` on {os.cpu_count()} CPUs; "
                 f"writes are fsynced and reads start from a cold page cache where the OS allows. "
                 f"Random float32 data barely compresses, so LZ4 rows show the filter's cost.\n\n{table}\n")
-        text = open(doc).read() if os.path.exists(doc) else "# Benchmarks\n"
-        pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-        text = pattern.sub(body + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body
-        with open(doc, "w") as f:
-            f.write(text)
+        write_section("checkpoint_io", body)
 
 
 if __name__ == "__main__":

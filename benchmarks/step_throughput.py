@@ -1,0 +1,92 @@
+"""Training-step throughput: a traced cstorch step against eager PyTorch, same process.
+
+    python benchmarks/step_throughput.py [--steps 30]
+
+Both run the same GPT (SGD with momentum, gradient clipping) on the same batches; the
+table gives steps per second and the ratio cstorch / eager.
+"""
+import argparse
+import copy
+import os
+import platform
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import cerebras.pytorch as cstorch  # noqa: E402
+from benchmarks._report import write_section  # noqa: E402
+from examples.train_gpt import TinyGPT  # noqa: E402
+
+
+def loss_of(model, tokens):
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+def timed(run, batches, warmup=3):
+    for tokens in batches[:warmup]:
+        run(tokens)
+    start = time.perf_counter()
+    for tokens in batches[warmup:]:
+        last = run(tokens)
+    float(last)  # wait for the last step
+    return (len(batches) - warmup) / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    rows = []
+    for dim, layers, batch in ((64, 2, 16), (128, 4, 16)):
+        torch.manual_seed(0)
+        base = TinyGPT(vocab=256, dim=dim, heads=4, layers=layers, block=64)
+        g = torch.Generator().manual_seed(1)
+        batches = [torch.randint(0, 256, (batch, 65), generator=g) for _ in range(args.steps + 3)]
+
+        eager_model = copy.deepcopy(base)
+        eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9)
+
+        def eager_step(tokens):
+            loss = loss_of(eager_model, tokens)
+            eager_opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(eager_model.parameters(), 1.0)
+            eager_opt.step()
+            return loss
+
+        cstorch.backend("CPU", artifact_dir=os.path.join("/tmp", "cstorch_bench_logs"))
+        model = copy.deepcopy(base)
+        compiled = cstorch.compile(model)
+        opt = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        @cstorch.trace
+        def traced_step(tokens):
+            loss = loss_of(compiled, tokens)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
+            opt.step()
+            return loss
+
+        eager = timed(eager_step, batches)
+        ours = timed(traced_step, batches)
+        params = sum(p.numel() for p in base.parameters())
+        rows.append((f"GPT dim {dim}, {layers} layers, batch {batch}x64 ({params/1e6:.2f}M params)",
+                     eager, ours, ours / eager))
+    table = ["| model | eager PyTorch (steps/s) | cstorch traced (steps/s) | ratio |",
+             "| --- | --- | --- | --- |"]
+    table += [f"| {m} | {e:.1f} | {o:.1f} | {r:.2f}x |" for m, e, o, r in rows]
+    text = ("## Training-step throughput\n\n"
+            f"`python benchmarks/step_throughput.py --steps {args.steps}` on "
+            f"{platform.machine()} with {os.cpu_count()} cores, torch {torch.__version__}, "
+            f"after 3 warm-up steps (capture and compilation excluded).\n\n" + "\n".join(table))
+    print(text)
+    write_section("step_throughput", text)
+
+
+if __name__ == "__main__":
+    main()
