@@ -5,6 +5,7 @@
 from bridge.capture import capture, decompositions
 from bridge.dtypes import jax_to_tensor, tensor_to_jax, tensor_to_numpy, to_jax_dtype, to_torch_dtype
 from bridge.errors import LoweringError, TensorValueReadError
+from bridge.export import DynamicShapeError, to_jax
 from bridge.lower import check_lowerable, lower, missing_lowerings
 from bridge.ops import LOWERINGS, lowering
 
@@ -12,5 +13,5 @@ __all__ = [
     "capture", "decompositions", "lower", "check_lowerable", "missing_lowerings", "LOWERINGS",
     "lowering", "LoweringError", "TensorValueReadError", "tensor_to_jax", "tensor_to_numpy",
     "jax_to_tensor",
-    "to_jax_dtype", "to_torch_dtype",
+    "to_jax_dtype", "to_torch_dtype", "to_jax", "DynamicShapeError",
 ]

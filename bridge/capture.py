@@ -49,13 +49,26 @@ _HIDDEN_MUTATIONS = {op: decomposition_table[op] for op in (torch.ops.aten.nativ
 
 
 def decompositions():
-    """The decomposition table captured graphs are reduced with."""
-    return core_aten_decompositions()
+    """The decomposition table captured graphs are reduced with.
+
+    The core-ATen table, plus PyTorch's other decompositions for ops that have no lowering
+    of their own (upsampling, grid sampling, `addmv`, ...): reusing PyTorch's rules beats
+    hand-writing them, and an op with a lowering is never decomposed further.
+    """
+    from torch._decomp import decomposition_table
+    from bridge.ops import LOWERINGS
+    table = core_aten_decompositions()
+    for op, fn in decomposition_table.items():
+        if (op not in table and op not in LOWERINGS and isinstance(op, torch._ops.OpOverload)
+                and "out" not in op._overloadname and not op.name().endswith("_")):
+            table[op] = fn
+    return table
 
 
 def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
             requires_grad: Sequence[bool] | None = None, *,
-            value_read_hint: str = "Read values after the step instead.") -> fx.GraphModule:
+            value_read_hint: str = "Read values after the step instead.",
+            check_lowerings: bool = True) -> fx.GraphModule:
     """Trace ``fn(*inputs) -> sequence of tensors`` into a functional core-ATen graph.
 
     `inputs` give shapes and dtypes only; `fn` runs on fake tensors and never sees their
@@ -63,7 +76,8 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     `backward()` on a loss computed from them and read their `.grad`. In-place updates of
     inputs are visible only through what `fn` returns: return every tensor whose new value
     matters. Reading a tensor's value inside `fn` raises `TensorValueReadError` with
-    `value_read_hint` appended.
+    `value_read_hint` appended. With `check_lowerings`, an op that has no JAX lowering
+    raises `LoweringError` here, naming the op, its overload and the user's source line.
     """
     requires_grad = list(requires_grad or [False] * len(inputs))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -72,13 +86,15 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
         with fake_mode:
             out = []
             for t, g in zip(inputs, grad_flags):
-                f = fake_mode.from_tensor(t.detach())
+                # From shape and dtype only: a lazily created tensor stays unmaterialised.
+                f = torch.empty(tuple(t.shape), dtype=t.dtype)
                 out.append(f.requires_grad_(True) if g else f)
             return out
 
     def flat_fn(*args):
         return list(fn(*args))
 
+    _anchor_stack_traces(fn)
     with fake_mode, _RefuseValueReads(value_read_hint):
         with torch.enable_grad():
             autograd_graph = make_fx(flat_fn, decomposition_table=_HIDDEN_MUTATIONS,
@@ -95,6 +111,9 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     _outputs_after_mutation(graph)
     graph.graph.eliminate_dead_code()
     graph.recompile()
+    if check_lowerings:
+        from bridge.lower import check_lowerable
+        check_lowerable(graph)
     return graph
 
 
@@ -114,6 +133,24 @@ def _outputs_after_mutation(gm: fx.GraphModule):
         if node.op == "call_function" and node.target is torch.ops.aten.copy_.default \
                 and node.args[0] in final:
             gm.graph.erase_node(node)
+
+
+def _anchor_stack_traces(fn):
+    """Make the tracer keep `fn`'s frames in each node's stack trace.
+
+    make_fx records only frames named `forward` (nn.Module code) unless a function is
+    registered as an anchor; a step function is not a `forward`, and without its frames an
+    error about an op could not point at the user's line. The second pass copies the
+    first pass's `stack_trace` through `preserve_node_meta`.
+    """
+    from torch.fx.proxy import _register_stack_trace_anchor
+    target = getattr(fn, "__func__", fn)
+    if not hasattr(target, "__code__"):
+        target = getattr(type(fn), "__call__", None)
+    while hasattr(target, "__wrapped__") and not hasattr(target, "__code__"):
+        target = target.__wrapped__
+    if hasattr(target, "__code__"):
+        _register_stack_trace_anchor(target)
 
 
 def _drop_profiler_ops(gm: fx.GraphModule):

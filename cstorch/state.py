@@ -10,10 +10,11 @@ uploaded before the next step.
 from dataclasses import dataclass, field
 
 import jax
+import jax.numpy as jnp
 import torch
 
 import wafer
-from bridge import jax_to_tensor, tensor_to_numpy
+from bridge import jax_to_tensor, tensor_to_numpy, to_jax_dtype
 
 
 @dataclass
@@ -115,13 +116,23 @@ class DeviceState:
                         f"{slot.name} was changed in place on the torch side while newer values "
                         "from the device had not been read back; read the tensor (for example "
                         "through state_dict()) before modifying it")
-                self.arrays[i] = jax.device_put(tensor_to_numpy(slot.tensor), sharding)
+                self.arrays[i] = _to_device(slot.tensor, sharding)
                 slot.version = slot.tensor._version
         return list(self.arrays)
 
     def update(self, arrays):
         self.arrays = list(arrays)
         self.device_newer = True
+
+
+def _to_device(tensor, sharding):
+    """A state tensor as a device array. A lazily created full tensor (`cstorch.zeros`,
+    ...) that was never materialised is built on the device, never on the host."""
+    from cstorch.storage.creation import DeferredFullTensor
+    if isinstance(tensor, DeferredFullTensor) and tensor._value is None:
+        return jnp.full(tuple(tensor.shape), tensor.fill_value, to_jax_dtype(tensor.dtype),
+                        device=sharding)
+    return jax.device_put(tensor_to_numpy(tensor), sharding)
 
 
 class SyncedDict(dict):

@@ -102,6 +102,8 @@ def index_put(x, indices, values, accumulate=False):
 
 @lowering(aten.index_select.default)
 def index_select(x, dim, index):
+    if x.ndim == 0:
+        return x.reshape(1)[index.reshape(-1)].reshape(())
     return jnp.take(x, index, axis=dim)
 
 

@@ -12,9 +12,11 @@ aten = torch.ops.aten
 def _axes(x, dim):
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return None
+    if x.ndim == 0:  # torch accepts dim 0 / -1 on a scalar; reducing it is the identity
+        return None
     if isinstance(dim, int):
         dim = [dim]
-    return tuple(d % max(x.ndim, 1) for d in dim)
+    return tuple(d % x.ndim for d in dim)
 
 
 def _acc_dtype(x, dtype):
@@ -53,7 +55,7 @@ def prod_all(x, dtype=None):
 
 @lowering(aten.prod.dim_int)
 def prod_dim(x, dim, keepdim=False, dtype=None):
-    return jnp.prod(x, axis=dim, keepdims=keepdim, dtype=_acc_dtype(x, dtype))
+    return jnp.prod(x, axis=_axes(x, dim), keepdims=keepdim, dtype=_acc_dtype(x, dtype))
 
 
 @lowering(aten.amax.default)
@@ -78,16 +80,22 @@ def min_all(x):
 
 @lowering(aten.max.dim)
 def max_dim(x, dim, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int32)
     return jnp.max(x, axis=dim, keepdims=keepdim), jnp.argmax(x, axis=dim, keepdims=keepdim)
 
 
 @lowering(aten.min.dim)
 def min_dim(x, dim, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int32)
     return jnp.min(x, axis=dim, keepdims=keepdim), jnp.argmin(x, axis=dim, keepdims=keepdim)
 
 
 @lowering(aten.argmax.default)
 def argmax(x, dim=None, keepdim=False):
+    if x.ndim == 0:
+        return jnp.zeros((), jnp.int32)
     if dim is None:
         return jnp.argmax(x.reshape(-1))
     return jnp.argmax(x, axis=dim, keepdims=keepdim)
@@ -95,6 +103,8 @@ def argmax(x, dim=None, keepdim=False):
 
 @lowering(aten.argmin.default)
 def argmin(x, dim=None, keepdim=False):
+    if x.ndim == 0:
+        return jnp.zeros((), jnp.int32)
     if dim is None:
         return jnp.argmin(x.reshape(-1))
     return jnp.argmin(x, axis=dim, keepdims=keepdim)
@@ -179,12 +189,12 @@ def logsumexp(x, dim, keepdim=False):
 
 @lowering(aten.cumsum.default)
 def cumsum(x, dim, dtype=None):
-    return jnp.cumsum(x, axis=dim, dtype=_acc_dtype(x, dtype))
+    return jnp.cumsum(x, axis=dim if x.ndim else None, dtype=_acc_dtype(x, dtype)).reshape(x.shape)
 
 
 @lowering(aten.cumprod.default)
 def cumprod(x, dim, dtype=None):
-    return jnp.cumprod(x, axis=dim, dtype=_acc_dtype(x, dtype))
+    return jnp.cumprod(x, axis=dim if x.ndim else None, dtype=_acc_dtype(x, dtype)).reshape(x.shape)
 
 
 @lowering(aten.cummax.default)

@@ -182,7 +182,21 @@ def as_strided(x, size, stride, storage_offset=None):
 
 @lowering(aten.unfold.default, aten.unfold_copy.default)
 def unfold(x, dim, size, step):
+    if x.ndim == 0:
+        return x.reshape(1)
     n = (x.shape[dim] - size) // step + 1
     starts = jnp.arange(n) * step
     windows = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(x, s, size, axis=dim))(starts)
     return jnp.moveaxis(jnp.moveaxis(windows, 0, dim), dim + 1, -1)
+
+
+@lowering(aten.resize_.default, aten.resize.default)
+def resize(x, size, memory_format=None):
+    # The first numel(size) elements in order; PyTorch leaves any new elements
+    # uninitialised, here they are zero.
+    n = 1
+    for d in size:
+        n *= d
+    flat = x.reshape(-1)
+    flat = flat[:n] if flat.shape[0] >= n else jnp.pad(flat, (0, n - flat.shape[0]))
+    return flat.reshape(tuple(size))

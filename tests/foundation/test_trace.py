@@ -193,3 +193,30 @@ def test_compile_only_backend_runs_one_step_by_default():
     cstorch.backend("CSX", compile_only=True)
     loader = cstorch.utils.data.DataLoader(lambda: [torch.zeros(1)] * 5)
     assert len(list(cstorch.utils.data.DataExecutor(loader))) == 1
+
+
+def test_lazily_created_state_materialises_on_the_device_only():
+    cstorch.backend("CPU")
+
+    class Shifted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+            self.register_buffer("shift", cstorch.full((4,), 0.5))
+
+        def forward(self, x):
+            return self.linear(x) + self.shift
+
+    model = Shifted()
+    compiled = cstorch.compile(model)
+
+    @cstorch.trace
+    def step(x):
+        return compiled(x)
+
+    x = torch.randn(2, 4)
+    out = step(x)
+    assert dict.__getitem__(model.__dict__["_buffers"], "shift")._value is None  # not built on the host
+    with torch.no_grad():
+        expected = model.linear(x) + 0.5
+    assert torch.allclose(out, expected)
