@@ -60,6 +60,12 @@ def check(name, value, low=0.0, high=None, strict_high=False):
         raise ValueError(f"Invalid {name}: {value}")
 
 
+def check_betas(betas):
+    """Both Adam-style decay rates in [0, 1)."""
+    for i, beta in enumerate(betas):
+        check(f"beta parameter at index {i}", beta, high=1.0, strict_high=True)
+
+
 class ElementwiseOptimizer(Optimizer):
     """An optimizer whose rule updates each parameter on its own.
 
@@ -75,7 +81,9 @@ class ElementwiseOptimizer(Optimizer):
     def preinitialize(self):
         for group in self.param_groups:
             for p in group["params"]:
-                self.state[p].update(self.init_state(p, group))
+                state = self.init_state(p, group)
+                if state:  # no entry at all for stateless rules, as state_dict() shows
+                    self.state[p].update(state)
 
     @abstractmethod
     def init_state(self, p, group) -> dict:

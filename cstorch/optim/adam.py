@@ -20,8 +20,7 @@ class AdamBase(U.ElementwiseOptimizer):
                  l2_regularization_rate=0.0, correct_bias=True, amsgrad=False):
         U.check("learning rate", lr)
         U.check("epsilon value", eps)
-        U.check("beta parameter at index 0", betas[0], high=1.0, strict_high=True)
-        U.check("beta parameter at index 1", betas[1], high=1.0, strict_high=True)
+        U.check_betas(betas)
         U.check("weight_decay value", weight_decay)
         U.check("l2_regularization_rate value", l2_regularization_rate)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,

@@ -15,8 +15,7 @@ class Adamax(U.ElementwiseOptimizer):
                  maximize=False):
         U.check("learning rate", lr)
         U.check("epsilon value", eps)
-        U.check("beta parameter at index 0", betas[0], high=1.0, strict_high=True)
-        U.check("beta parameter at index 1", betas[1], high=1.0, strict_high=True)
+        U.check_betas(betas)
         U.check("weight_decay value", weight_decay)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       maximize=maximize))

@@ -15,8 +15,7 @@ class Lamb(U.ElementwiseOptimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, adam=False):
         U.check("learning rate", lr)
         U.check("epsilon value", eps)
-        U.check("beta parameter at index 0", betas[0], high=1.0, strict_high=True)
-        U.check("beta parameter at index 1", betas[1], high=1.0, strict_high=True)
+        U.check_betas(betas)
         U.check("weight_decay value", weight_decay)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       adam=adam))

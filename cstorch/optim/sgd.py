@@ -1,10 +1,10 @@
 """`cstorch.optim.SGD`: stochastic gradient descent with optional momentum."""
 import torch
 
-from cstorch.optim.optimizer import Optimizer
+from cstorch.optim import _update as U
 
 
-class SGD(Optimizer):
+class SGD(U.ElementwiseOptimizer):
     """SGD with momentum, dampening, weight decay, Nesterov momentum and maximisation.
 
     As in the real package, the momentum buffer starts at zero before the first step, so
@@ -13,44 +13,22 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr=0.001, momentum=0, dampening=0, weight_decay=0,
                  nesterov=False, maximize=False):
-        if lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if momentum < 0.0:
-            raise ValueError(f"Invalid momentum value: {momentum}")
-        if weight_decay < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        U.check("learning rate", lr)
+        U.check("momentum value", momentum)
+        U.check("weight_decay value", weight_decay)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                        nesterov=nesterov, maximize=maximize)
-        super().__init__(params, defaults)
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
+                                      weight_decay=weight_decay, nesterov=nesterov,
+                                      maximize=maximize))
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            if group["momentum"] != 0:
-                for p in group["params"]:
-                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    def init_state(self, p, group):
+        return {"momentum_buffer": torch.zeros_like(p)} if group["momentum"] != 0 else {}
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, momentum, dampening = group["lr"], group["momentum"], group["dampening"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = -p.grad if group["maximize"] else p.grad
-                if group["weight_decay"] != 0:
-                    grad = grad.add(p, alpha=group["weight_decay"])
-                if momentum != 0:
-                    buf = self.state[p]["momentum_buffer"]
-                    buf.mul_(momentum).add_(grad, alpha=1 - dampening)
-                    grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
-                if isinstance(lr, torch.Tensor):
-                    p.sub_(grad * lr)
-                else:
-                    p.add_(grad, alpha=-lr)
-        return loss
+    def update(self, p, grad, group, state):
+        momentum = group["momentum"]
+        if momentum != 0:
+            buf = state["momentum_buffer"]
+            buf.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
+            grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
+        U.subtract_scaled(p, grad, group["lr"])
