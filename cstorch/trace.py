@@ -42,12 +42,6 @@ class CaptureContext:
         self.closures.append(ClosureCall(fn, spec, kept, positions, checkpoint_only))
 
 
-def _is_state_owner(x):
-    from cstorch.compile import CompiledModule
-    from cstorch.optim.optimizer import Optimizer
-    return isinstance(x, (CompiledModule, Optimizer, torch.nn.Module))
-
-
 @dataclass
 class Program:
     """One captured and compiled step: its graph, JAX function and executable."""
@@ -73,14 +67,21 @@ class TracedStep:
         self.captures = 0
 
     # signature of a call: which program it runs ---------------------------------------
-    def _split(self, args, kwargs):
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
-        static = tuple(
+    @staticmethod
+    def _signature(backend, spec, leaves):
+        """What a captured program depends on besides state values: the arguments' tree,
+        tensor shapes and dtypes, Python values and objects, module train/eval modes and
+        the optimizers' Python hyperparameters (a changed float lr is a new program)."""
+        args = tuple(
             ("T", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor)
-            else ("O", id(v)) if _is_state_owner(v) or not isinstance(v, (int, float, str, bool, type(None)))
-            else ("V", v) for v in leaves)
-        return leaves, spec, tensors, (spec, static)
+            else ("V", v) if isinstance(v, (int, float, str, bool, type(None)))
+            else ("O", id(v)) for v in leaves)
+        modes = tuple(m.training for module in backend.modules for m in module.modules())
+        hyper = tuple(
+            tuple((k, v) for k, v in group.items()
+                  if k != "params" and isinstance(v, (int, float, str, bool, type(None), tuple)))
+            for opt in backend.optimizers for group in opt.param_groups)
+        return spec, args, modes, hyper, len(backend.state.slots)
 
     def _capture(self, backend, leaves, spec, tensors) -> Program:
         from cstorch.optim.optimizer import Optimizer
@@ -161,22 +162,23 @@ class TracedStep:
         run is reproducible from `torch.manual_seed` and each step draws new numbers."""
         return np.array([torch.initial_seed() % (2 ** 32), backend.step_count % (2 ** 32)], np.uint32)
 
-    def program_for(self, *args, **kwargs) -> Program:
-        """The program a call with these arguments runs, capturing it if needed."""
-        backend = current_backend_impl(create=True)
-        leaves, spec, tensors, signature = self._split(args, kwargs)
+    def _program(self, backend, args, kwargs):
+        """The program for this call, captured if needed, and the call's tensors."""
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+        signature = self._signature(backend, spec, leaves)
         program = self.programs.get(signature)
-        if program is None or len(backend.state.slots) != program.n_state or backend.retrace_every_iteration:
+        if program is None or backend.retrace_every_iteration:
             program = self._capture(backend, leaves, spec, tensors)
-            self.programs[signature] = program
-        return program
+            # Registering optimizer state during capture can add slots; key by the result.
+            self.programs[self._signature(backend, spec, leaves)] = program
+        return program, tensors
 
     def __call__(self, *args, **kwargs):
         if capturing.get() is not None:
             return self.step_fn(*args, **kwargs)
         backend = current_backend_impl(create=True)
-        program = self.program_for(*args, **kwargs)
-        _, _, tensors, _ = self._split(args, kwargs)
+        program, tensors = self._program(backend, args, kwargs)
         state = backend.state
         new_state, outs = program.compiled(state.device_arrays(), self._inputs(backend, tensors),
                                            self._key(backend))
@@ -210,8 +212,7 @@ class TracedStep:
         Captures the step if it has not been captured for arguments like these; runs nothing.
         """
         backend = current_backend_impl(create=True)
-        program = self.program_for(*args, **kwargs)
-        _, _, tensors, _ = self._split(args, kwargs)
+        program, tensors = self._program(backend, args, kwargs)
         return JaxStep(program, backend.state.device_arrays(), self._inputs(backend, tensors),
                        self._key(backend))
 

@@ -103,6 +103,14 @@ def load(checkpoint_file, map_location=None, **kwargs):
         if not os.path.exists(name):
             raise RuntimeError(f"checkpoint {name} does not exist")
         if os.path.isdir(name):
+            from cstorch.storage import orbax as _orbax  # imports orbax only when needed
+            if _orbax.is_orbax_checkpoint(name):
+                # Orbax data is read eagerly: it has no lazily read tensors.
+                result = _orbax.read_orbax(name)
+                if map_location not in (None, "cpu", "cache"):
+                    result = pytree.tree_map_only(
+                        torch.Tensor, lambda t: _relocate(t, map_location), result)
+                return result
             raise RuntimeError(f"checkpoint {name} is a directory, not a checkpoint file")
         try:
             is_h5 = h5py.is_hdf5(name)

@@ -220,3 +220,19 @@ def test_lazily_created_state_materialises_on_the_device_only():
     with torch.no_grad():
         expected = model.linear(x) + 0.5
     assert torch.allclose(out, expected)
+
+
+def test_train_eval_switch_and_a_new_python_lr_are_new_programs(mlp):
+    model, optimizer, step = mlp
+    step(*_batch(0))
+    model.eval()
+    step(*_batch(1))
+    model.train()
+    step(*_batch(2))
+    assert step.captures == 2
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    w = model[0].weight.detach().clone()
+    step(*_batch(3))
+    assert step.captures == 3
+    assert torch.equal(model[0].weight, w)  # lr 0 took effect
