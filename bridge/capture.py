@@ -143,7 +143,10 @@ def _anchor_stack_traces(fn):
     error about an op could not point at the user's line. The second pass copies the
     first pass's `stack_trace` through `preserve_node_meta`.
     """
-    from torch.fx.proxy import _register_stack_trace_anchor
+    try:
+        from torch.fx.proxy import _register_stack_trace_anchor
+    except ImportError:  # a torch without anchors: traces keep `forward` frames only
+        return
     target = getattr(fn, "__func__", fn)
     if not hasattr(target, "__code__"):
         target = getattr(type(fn), "__call__", None)
