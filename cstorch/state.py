@@ -108,7 +108,6 @@ class DeviceState:
 
     def device_arrays(self) -> list:
         """The state as device arrays, uploading tensors changed on the torch side."""
-        sharding = wafer.replicated(self.backend.mesh)
         for i, slot in enumerate(self.slots):
             if self.arrays[i] is None or slot.tensor._version != slot.version:
                 if self.device_newer and self.arrays[i] is not None:
@@ -116,6 +115,7 @@ class DeviceState:
                         f"{slot.name} was changed in place on the torch side while newer values "
                         "from the device had not been read back; read the tensor (for example "
                         "through state_dict()) before modifying it")
+                sharding = wafer.state_sharding(self.backend.mesh, tuple(slot.tensor.shape))
                 self.arrays[i] = _to_device(slot.tensor, sharding)
                 slot.version = slot.tensor._version
         return list(self.arrays)

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import jax
 
-from wafer.layout import batch_sharding, replicated
+from wafer.layout import batch_sharding, replicated, state_sharding
 
 
 @dataclass
@@ -21,21 +21,16 @@ class CompiledStep:
         return self.executable(state, inputs, key)
 
 
-compilations = 0  # XLA compilations done by `compile_step` in this process
-
-
 def compile_step(fn: Callable, state, inputs, key, *, mesh, artifact_dir: str | None = None,
                  name: str = "step") -> CompiledStep:
-    """Jit `fn` for `mesh` (state replicated, inputs split over the batch), donating the old
-    state, and compile it ahead of time so later calls never retrace or recompile."""
-    global compilations
-    state_sh = jax.tree.map(lambda _: replicated(mesh), state)
+    """Jit `fn` for `mesh` (state laid over the grid, inputs split over the batch), donating
+    the old state, and compile it ahead of time so later calls never retrace or recompile."""
+    state_sh = jax.tree.map(lambda a: state_sharding(mesh, a.shape), state)
     input_sh = [batch_sharding(mesh, getattr(x, "shape", ())) for x in inputs]
     jitted = jax.jit(fn, in_shardings=(state_sh, input_sh, replicated(mesh)),
                      out_shardings=(state_sh, None), donate_argnums=(0,))
     lowered = jitted.lower(state, inputs, key)
     executable = lowered.compile()
-    compilations += 1
     if artifact_dir:
         write_artifacts(fn, lowered, executable, (state, inputs, key), artifact_dir, name)
     return CompiledStep(executable, lowered, state_sh, input_sh)

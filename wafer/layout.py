@@ -1,7 +1,10 @@
 """Where each array of a step lives on the mesh.
 
-Batches are split over the systems and the wafer's rows where their leading dimension
-allows it; state is replicated. XLA's SPMD partitioner inserts the collectives.
+Batches are split over the systems and the wafer's grid where their leading dimension
+allows it. State is laid over the grid of every system: a matrix's last two dimensions
+over rows and columns (each where it divides), and replicated across systems, as data
+parallelism between systems keeps a copy of the weights on each. Vectors and scalars
+are replicated. XLA's SPMD partitioner inserts the collectives.
 """
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -21,3 +24,14 @@ def batch_sharding(mesh: Mesh, shape) -> NamedSharding:
             axes.append(axis)
             ways *= size
     return NamedSharding(mesh, PartitionSpec(tuple(axes) if axes else None))
+
+
+def state_sharding(mesh: Mesh, shape) -> NamedSharding:
+    """The sharding of a parameter or optimizer-state array of `shape`."""
+    if len(shape) < 2:
+        return replicated(mesh)
+    spec = [None] * len(shape)
+    for dim, axis in ((-2, "rows"), (-1, "cols")):
+        if mesh.shape[axis] > 1 and shape[dim] % mesh.shape[axis] == 0:
+            spec[dim] = axis
+    return NamedSharding(mesh, PartitionSpec(*spec))

@@ -232,7 +232,7 @@ def load_orbax(path, backend=None) -> dict:
             raise ValueError(f"cannot load Orbax checkpoint {path}: {slot.name!r} has shape "
                              f"{saved_shape} in the checkpoint but {shape} in the run; build the "
                              f"model with the configuration it was saved with")
-        sharding = array.sharding if array is not None else wafer.replicated(backend.mesh)
+        sharding = array.sharding if array is not None else wafer.state_sharding(backend.mesh, shape)
         dtype = to_jax_dtype(slot.tensor.dtype)
         target[slot.name] = _jax_struct(shape, dtype, sharding)
         restore_args[slot.name] = ocp.ArrayRestoreArgs(sharding=sharding, dtype=dtype,

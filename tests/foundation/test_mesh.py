@@ -34,7 +34,9 @@ losses = [float(step(torch.randint(0, 61, (8, 17), generator=g))) for _ in range
 program = next(iter(step.programs.values()))
 print(json.dumps({"losses": losses, "devices": len(backend.devices),
                   "mesh": dict(backend.mesh.shape),
-                  "input_sharding": str(program.compiled.input_shardings[0].spec)}))
+                  "input_sharding": str(program.compiled.input_shardings[0].spec),
+                  "qkv_sharding": str(backend.state.arrays[program.state_names.index(
+                      "model.blocks.0.attn.qkv.weight")].sharding.spec)}))
 """
 
 
@@ -52,6 +54,7 @@ def test_csx_mesh_of_eight_devices_matches_one_cpu_device(tmp_path):
     cpu = _run("CPU", tmp_path, 1)
     assert csx["devices"] == 8 and csx["mesh"] == {"systems": 1, "rows": 2, "cols": 4}
     assert "rows" in csx["input_sharding"]  # the batch is split across the wafer
+    assert csx["qkv_sharding"] == "P('rows', 'cols')"  # a weight over the grid
     for a, b in zip(csx["losses"], cpu["losses"]):
         assert abs(a - b) <= 1e-4 * abs(b)
     assert os.path.exists(tmp_path / "CSX" / "step.stablehlo.mlir")
