@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import bridge
 import wafer
@@ -57,6 +58,19 @@ class Program:
     closures: list
 
 
+def _refuse_torch_optimizer(optimizer, args, kwargs):
+    from cstorch.optim.optimizer import Optimizer
+    if isinstance(optimizer, Optimizer):
+        return
+    # torch's optimizers create their state lazily inside the step and hold the module's
+    # own parameters, not the traced ones: under trace they would silently update nothing.
+    name = type(optimizer).__name__
+    raise TypeError(
+        f"a torch.optim.{name} is used in a traced step; traced steps need optimizers whose "
+        f"state exists before the first step: use cstorch.optim.{name} "
+        f"(from cerebras.pytorch.optim) instead")
+
+
 class TracedStep:
     """The callable `@cstorch.trace` returns."""
 
@@ -86,15 +100,8 @@ class TracedStep:
     def _capture(self, backend, leaves, spec, tensors) -> Program:
         from cstorch.optim.optimizer import Optimizer
         for leaf in leaves:
-            # torch's optimizers create their state lazily inside the step, which would
-            # leave traced tensors in the optimizer; only cstorch's exist beforehand.
             if isinstance(leaf, torch.optim.Optimizer) and not isinstance(leaf, Optimizer):
-                name = type(leaf).__name__
-                raise TypeError(
-                    f"a torch.optim.{name} was passed to the traced step "
-                    f"{getattr(self, '__name__', 'step')!r}; "
-                    f"traced steps need optimizers whose state exists before the first step: "
-                    f"use cstorch.optim.{name} (from cerebras.pytorch.optim) instead")
+                _refuse_torch_optimizer(leaf, None, None)
         state = backend.state
         for opt in Optimizer.registered(backend):
             opt.register_state(state)
@@ -127,12 +134,15 @@ class TracedStep:
 
         requires_grad = [s.tensor.requires_grad for s in slots] + [False] * len(tensors)
         state.capturing = True
+        # Also catches a torch optimizer the step reaches through a closure or global.
+        hook = register_optimizer_step_pre_hook(_refuse_torch_optimizer)
         try:
             graph = bridge.capture(step, [s.tensor for s in slots] + tensors, requires_grad,
                                    value_read_hint=VALUE_READ_HINT)
         except bridge.TensorValueReadError as e:
             raise RuntimeError(str(e)) from None
         finally:
+            hook.remove()
             state.capturing = False
         self.captures += 1
         lowered = bridge.lower(graph)

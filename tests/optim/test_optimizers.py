@@ -76,3 +76,24 @@ def test_torch_optimizer_in_traced_step_names_the_cstorch_class():
 
     with pytest.raises(TypeError, match=r"cstorch\.optim\.AdamW"):
         step(*data[0], opt)
+
+
+@pytest.mark.parametrize("cls", [torch.optim.SGD, torch.optim.Adam])
+def test_torch_optimizer_reached_through_a_closure_is_refused_too(cls):
+    cstorch.backend("CPU")
+    w, b, data = problem()
+    model = Linear(w, b)
+    compiled = cstorch.compile(model)
+    opt = cls(model.parameters(), lr=0.01)
+
+    @cstorch.trace
+    def step(x, y):
+        opt.zero_grad()
+        loss = ((compiled(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    with pytest.raises(TypeError, match=rf"cstorch\.optim\.{cls.__name__}"):
+        step(*data[0])
+    assert all(p.grad is None for p in model.parameters())  # nothing leaked into the module
