@@ -13,6 +13,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 import bridge
 import wafer
 from cstorch.backend import current_backend_impl
+from cstorch.optim.optimizer import Optimizer
+from cstorch.utils.data.executor import is_checkpoint_step
 
 VALUE_READ_HINT = ("To look at a tensor's value, pass it to a function decorated with "
                    "@cstorch.step_closure, which runs after the step with the computed values.")
@@ -59,7 +61,6 @@ class Program:
 
 
 def _refuse_torch_optimizer(optimizer, args, kwargs):
-    from cstorch.optim.optimizer import Optimizer
     if isinstance(optimizer, Optimizer):
         return
     # torch's optimizers create their state lazily inside the step and hold the module's
@@ -98,7 +99,6 @@ class TracedStep:
         return spec, args, modes, hyper, len(backend.state.slots)
 
     def _capture(self, backend, leaves, spec, tensors) -> Program:
-        from cstorch.optim.optimizer import Optimizer
         for leaf in leaves:
             if isinstance(leaf, torch.optim.Optimizer) and not isinstance(leaf, Optimizer):
                 _refuse_torch_optimizer(leaf, None, None)
@@ -204,7 +204,6 @@ class TracedStep:
 
     @staticmethod
     def _run_closures(program, values):
-        from cstorch.utils.data.executor import is_checkpoint_step
         it = iter(values)
         for call in program.closures:
             leaves = list(call.leaves)
@@ -271,7 +270,6 @@ class _bound:
         self.backend, self.slots, self.traced = backend, slots, traced
 
     def __enter__(self):
-        from cstorch.optim.optimizer import Optimizer
         tables = {}
         for module in self.backend.modules:
             for sub in module.modules():

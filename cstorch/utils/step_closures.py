@@ -2,6 +2,7 @@
 import functools
 
 from cstorch.trace import capturing
+from cstorch.utils.data.executor import is_checkpoint_step
 
 
 def step_closure(closure):
@@ -21,8 +22,6 @@ def checkpoint_closure(closure):
     """Wrap `closure` so that it runs only on checkpoint steps (as the `DataExecutor`'s
     `checkpoint_steps` configures them). It may be called on every step; outside a
     `DataExecutor` it runs whenever it is called."""
-    from cstorch.utils.data.executor import is_checkpoint_step
-
     @functools.wraps(closure)
     def wrapper(*args, **kwargs):
         ctx = capturing.get()
