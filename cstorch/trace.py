@@ -95,7 +95,7 @@ class TracedStep:
         hyper = tuple(
             tuple((k, v) for k, v in group.items()
                   if k != "params" and isinstance(v, (int, float, str, bool, type(None), tuple)))
-            for opt in backend.optimizers for group in opt.param_groups)
+            for opt in backend.optimizers for group in opt.raw_param_groups)
         return spec, args, modes, hyper, len(backend.state.slots)
 
     def _capture(self, backend, leaves, spec, tensors) -> Program:

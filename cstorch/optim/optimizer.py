@@ -36,6 +36,15 @@ class Optimizer(torch.optim.Optimizer, ABC):
         self._prefix = ("optimizer" if len(self._backend.optimizers) == 1
                         else f"optimizer{len(self._backend.optimizers) - 1}")
 
+    def increment_global_step(self, group) -> torch.Tensor:
+        """Advance and return the param group's step counter (`enable_global_step=True`):
+        a tensor in the state, so a traced step advances it without re-capture."""
+        if "step" not in group:
+            raise RuntimeError("this optimizer keeps no global step; construct it with "
+                               "enable_global_step=True")
+        group["step"].add_(1)
+        return group["step"]
+
     @abstractmethod
     def preinitialize(self):
         """Create all optimizer state, before any step runs."""
@@ -60,11 +69,30 @@ class Optimizer(torch.optim.Optimizer, ABC):
     def state(self, value):
         self.__dict__["_state"] = value
 
+    @property
+    def param_groups(self):
+        # Groups can hold device state too (a scheduled lr tensor, the global step).
+        backend = self.__dict__.get("_backend")
+        if backend is not None and self.__dict__.get("_bound") is None:
+            backend.state.sync_to_host()
+        return self.__dict__["_param_groups"]
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.__dict__["_param_groups"] = value
+
+    @property
+    def raw_param_groups(self):
+        """The param groups without bringing their tensors up to date (no host copy)."""
+        return self.__dict__["_param_groups"]
+
     def __setstate__(self, state):
         # torch writes `state` straight into __dict__ on load; keep it behind the property.
         state = dict(state)
         if "state" in state:
             self.__dict__["_state"] = state.pop("state")
+        if "param_groups" in state:
+            self.__dict__["_param_groups"] = state.pop("param_groups")
         super().__setstate__(state)
 
     def _params(self):

@@ -236,3 +236,18 @@ def test_train_eval_switch_and_a_new_python_lr_are_new_programs(mlp):
     step(*_batch(3))
     assert step.captures == 3
     assert torch.equal(model[0].weight, w)  # lr 0 took effect
+
+
+def test_steps_copy_no_state_to_the_host_until_it_is_read(mlp, monkeypatch):
+    model, optimizer, step = mlp
+    step(*_batch(0))
+    copies = []
+    state = cstorch.backend().state
+    original = state.sync_to_host
+    monkeypatch.setattr(state, "sync_to_host",
+                        lambda: copies.append(state.device_newer) or original())
+    for i in range(5):
+        step(*_batch(i))
+    assert not any(copies)
+    model.state_dict()
+    assert copies[-1] is True

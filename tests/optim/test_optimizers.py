@@ -97,3 +97,43 @@ def test_torch_optimizer_reached_through_a_closure_is_refused_too(cls):
     with pytest.raises(TypeError, match=rf"cstorch\.optim\.{cls.__name__}"):
         step(*data[0])
     assert all(p.grad is None for p in model.parameters())  # nothing leaked into the module
+
+
+def test_a_users_own_optimizer_with_a_global_step_runs_under_trace():
+    class SignDescent(cstorch.optim.Optimizer):
+        def __init__(self, params, lr):
+            super().__init__(params, dict(lr=lr), enable_global_step=True)
+
+        def preinitialize(self):
+            pass
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                step = self.increment_global_step(group)
+                for p in group["params"]:
+                    p.sub_(p.grad.sign() * group["lr"] / step)
+
+    cstorch.backend("CPU")
+    w, b, data = problem()
+    model = Linear(w, b)
+    compiled = cstorch.compile(model)
+    opt = SignDescent(model.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def train(x, y):
+        opt.zero_grad()
+        loss = ((compiled(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    before = model.w.detach().clone()
+    for x, y in data[:3]:
+        train(x, y)
+    assert train.captures == 1
+    assert float(opt.param_groups[0]["step"]) == 3.0
+    moved = (model.w - before).abs()
+    assert torch.all(moved <= 0.1 * (1 + 1 / 2 + 1 / 3) + 1e-6) and moved.max() > 0.1
+    with pytest.raises(RuntimeError, match="enable_global_step"):
+        cstorch.optim.SGD([torch.nn.Parameter(torch.zeros(1))]).increment_global_step({})
