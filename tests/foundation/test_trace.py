@@ -250,4 +250,4 @@ def test_steps_copy_no_state_to_the_host_until_it_is_read(mlp, monkeypatch):
         step(*_batch(i))
     assert not any(copies)
     model.state_dict()
-    assert copies[-1] is True
+    assert any(copies)  # the read brought the values over
