@@ -9,6 +9,7 @@ from cstorch.storage import load, save
 from cstorch.storage import full, full_like, ones, ones_like, zeros, zeros_like
 from cstorch.trace import TracedStep, JaxStep
 from cstorch.utils.data.executor import current_executor
+from cstorch.utils.numpy import from_numpy, to_numpy
 from cstorch.utils.step_closures import checkpoint_closure, step_closure
 
 __version__ = "0.1.0"
@@ -30,4 +31,5 @@ __all__ = [
     "backend", "current_backend", "current_torch_device", "use_cs", "backends", "compile", "trace",
     "TracedStep", "JaxStep", "save", "load", "optim", "utils", "step_closure", "checkpoint_closure",
     "current_executor", "full", "full_like", "ones", "ones_like", "zeros", "zeros_like",
+    "from_numpy", "to_numpy",
 ]

@@ -36,7 +36,8 @@ class Backend:
     - "CSX": an emulated wafer, a (systems, rows, cols) mesh over every JAX device.
 
     Parameters are those the reference lists per type; `artifact_dir` defaults to
-    ``$cwd/cerebras_logs``. `compile_only`, `validate_only`, `drop_data`, `log_initialization`,
+    ``$cwd/cerebras_logs``. A CSX backend also takes `cluster_config`, a
+    `cstorch.utils.CSConfig` whose `num_csx` splits the mesh into that many systems. `compile_only`, `validate_only`, `drop_data`, `log_initialization`,
     `mixed_precision`, `enable_distributed`, `dist_backend`, `init_method` and
     `sync_batchnorm` are validated and stored but have no effect yet.
     """

@@ -135,3 +135,28 @@ def test_csx_backend_runs_on_an_emulated_mesh():
     b = cstorch.backend("CSX")
     assert b.mesh.axis_names == ("systems", "rows", "cols")
     assert b.mesh.devices.size == len(jax.devices())
+
+
+def test_csconfig_splits_the_mesh_into_systems_and_validates():
+    import jax
+    config = cstorch.utils.CSConfig(num_csx=1, job_labels=["team=ml"])
+    assert config.max_wgt_servers == 24 and config.transfer_processes == 5
+    assert cstorch.backend("CSX", cluster_config=config).mesh.shape["systems"] == 1
+    with pytest.raises(ValueError, match="num_csx"):
+        cstorch.utils.CSConfig(num_csx=0)
+    with pytest.raises(ValueError, match="precision_opt_level"):
+        cstorch.utils.CSConfig(precision_opt_level=3)
+    with pytest.raises(ValueError, match="key=value"):
+        cstorch.utils.CSConfig(job_labels=["oops"])
+    if len(jax.devices()) == 1:
+        with pytest.raises(ValueError, match="cannot be split into 2 systems"):
+            cstorch.backend("CSX", cluster_config=cstorch.utils.CSConfig(num_csx=2))
+
+
+def test_numpy_utilities_round_trip():
+    import numpy as np
+    for t in (torch.arange(6.0).reshape(2, 3), torch.tensor([1.5, -2.0]).to(torch.bfloat16),
+              torch.tensor([True, False])):
+        back = cstorch.from_numpy(cstorch.to_numpy(t))
+        assert back.dtype == t.dtype and torch.equal(back, t)
+    assert isinstance(cstorch.to_numpy(torch.ones(2)), np.ndarray)
