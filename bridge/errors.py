@@ -14,3 +14,7 @@ class LoweringError(NotImplementedError):
 
 class TensorValueReadError(RuntimeError):
     """A tensor's value was read while its step was being captured."""
+
+
+class DataDependentShapeError(NotImplementedError):
+    """An op's output shape depends on tensor values, which a compiled XLA program cannot have."""

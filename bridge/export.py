@@ -13,7 +13,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
-from bridge.capture import decompositions
+from bridge.capture import capture, decompositions
 from bridge.dtypes import tensor_to_jax
 from bridge.lower import check_lowerable, lower
 
@@ -36,13 +36,45 @@ def _refuse_dynamic_dims(ep: ExportedProgram):
                         "`dynamic_shapes` for that dim (XLA compiles one program per shape).")
 
 
+def _plain(tree):
+    """`tree` with mapping classes JAX does not know (a Hugging Face `ModelOutput`) as
+    plain dicts and namedtuples as tuples, so a jitted `fn` can return it."""
+    if isinstance(tree, dict):
+        return {k: _plain(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_plain(v) for v in tree) if type(tree) in (list, tuple) \
+            else tuple(_plain(v) for v in tree)
+    return tree
+
+
+def _retrace(ep: ExportedProgram, error: Exception) -> torch.fx.GraphModule:
+    """The program's graph decomposed by `bridge.capture` instead of `run_decompositions`.
+
+    `run_decompositions` re-traces with export's own view handling and fails on some
+    programs that run fine (GPT-2: a `view` of a tensor whose decomposed strides are not
+    viewable). The lifted graph is already functional and takes the flat inputs in
+    signature order, so functionalising and decomposing it as a step gives the same
+    function with the same inputs and outputs.
+    """
+    vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        raise error
+    graph = ep.graph_module
+
+    def flat(*args):
+        out = graph(*args)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+    return capture(flat, vals, check_lowerings=False)
+
+
 def to_jax(ep: ExportedProgram) -> tuple[Callable[..., Any], dict[str, jax.Array]]:
     """``(fn, state)`` for `ep`: ``fn(state, *args, key=None, **kwargs)`` runs the program.
 
     `state` maps each parameter, buffer and lifted constant name to a JAX array. `fn`
     takes the program's user inputs as JAX arrays (non-tensor inputs as the values the
     program was exported with) and returns its outputs in the program's output
-    structure. A program that also writes state (buffer mutations, or the gradients of a
+    structure (a Hugging Face `ModelOutput` or other mapping as a plain dict, a
+    namedtuple as a tuple, which `jax.jit` can return). A program that also writes state (buffer mutations, or the gradients of a
     joint forward-backward program from `torch.export`'s experimental tools) returns
     ``(outputs, updates)`` with ``updates = {"buffers": {...}, "grads": {...},
     "inputs": {...}}`` keyed by state/input name; `fn.has_updates` says which form.
@@ -50,8 +82,11 @@ def to_jax(ep: ExportedProgram) -> tuple[Callable[..., Any], dict[str, jax.Array
     Raises `DynamicShapeError` naming the input and dim if any dim is symbolic.
     """
     _refuse_dynamic_dims(ep)
-    ep = ep.run_decompositions(decompositions())
-    gm = ep.graph_module
+    try:
+        ep = ep.run_decompositions(decompositions())
+        gm = ep.graph_module
+    except Exception as error:
+        gm = _retrace(ep, error)
     check_lowerable(gm)
     lowered = lower(gm)
     sig = ep.graph_signature
@@ -98,7 +133,7 @@ def to_jax(ep: ExportedProgram) -> tuple[Callable[..., Any], dict[str, jax.Array
         outs = lowered(*flat, key=key)
         user = [outs[i] for i in user_outputs]
         try:
-            user = pytree.tree_unflatten(user, out_spec) if out_spec is not None else user
+            user = _plain(pytree.tree_unflatten(user, out_spec)) if out_spec is not None else user
         except Exception:  # a joint program's outputs do not follow the forward's spec
             pass
         if not updates:

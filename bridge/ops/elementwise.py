@@ -247,3 +247,8 @@ def nan_to_num(x, nan=None, posinf=None, neginf=None):
 @lowering(aten.heaviside.default)
 def heaviside(x, values):
     return jnp.where(x == 0, values, (x > 0).astype(x.dtype))
+
+
+@lowering(aten._conj_physical.default)
+def conj_physical(x):
+    return jnp.conj(x)

@@ -79,6 +79,8 @@ def _perm_from_pivots(piv, m):
             pi, pj = perm[i], perm[j]
             return perm.at[i].set(pj).at[j].set(pi)
         return jax.lax.fori_loop(0, p.shape[0], body, perm)
+    if piv.size == 0:  # no swaps, and reshape(-1, 0) has no size to infer
+        return jnp.broadcast_to(jnp.arange(m), piv.shape[:-1] + (m,))
     flat = piv.reshape(-1, piv.shape[-1])
     return jax.vmap(one)(flat).reshape(piv.shape[:-1] + (m,))
 
@@ -168,7 +170,13 @@ def svd(a, full_matrices=False, compute_uv=True, driver=None):
 
 @lowering(aten.linalg_pinv.atol_rtol_tensor, aten.linalg_pinv.atol_rtol_float)
 def pinv(a, atol=None, rtol=None, hermitian=False):
-    u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+    if hermitian:
+        # ATen reads only the lower triangle here (eigh), so an input that is not exactly
+        # symmetric gives a different answer than the SVD of the whole matrix would.
+        w, v = jnp.linalg.eigh(a, UPLO="L", symmetrize_input=False)
+        s = jnp.abs(w)
+    else:
+        u, s, vh = jnp.linalg.svd(a, full_matrices=False)
     smax = jnp.max(s, axis=-1, keepdims=True, initial=0.0)
     # torch: rtol defaults to eps * max(m, n) unless a positive atol alone is given
     atol_given = atol is not None and not (isinstance(atol, (int, float)) and atol == 0)
@@ -178,6 +186,9 @@ def pinv(a, atol=None, rtol=None, hermitian=False):
     else:
         rtol = jnp.asarray(rtol)[..., None]
     cutoff = jnp.maximum(atol, rtol * smax)
+    if hermitian:
+        winv = jnp.where(s > cutoff, 1 / jnp.where(s > cutoff, w, 1), 0)
+        return v @ (winv[..., :, None] * _mT(v))
     sinv = jnp.where(s > cutoff, 1 / jnp.where(s > cutoff, s, 1), 0)
     return _mT(vh) @ (sinv[..., :, None] * _mT(u))
 
@@ -201,7 +212,8 @@ def householder_product(a, tau):
 
 @lowering(aten.geqrf.default)
 def geqrf(a):
-    r, tau = jax.lax.linalg.geqrf(a)
+    from jax._src.lax import linalg as lax_linalg  # geqrf is not re-exported by jax.lax
+    r, tau = lax_linalg.geqrf(a)
     return r, tau
 
 

@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from bridge.errors import DataDependentShapeError
 from bridge.ops.registry import lowering
 
 aten = torch.ops.aten
@@ -15,25 +16,44 @@ def _along(index, dim, ndim):
     return tuple(grids)
 
 
+def _scalar_scatter(fn):
+    """A scatter on a 0-d input: ATen treats it, its 0-d index and 0-d source as 1-element
+    vectors along dim 0 or -1."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(x, dim, index, src, *args, **kwargs):
+        if x.ndim != 0:
+            return fn(x, dim, index, src, *args, **kwargs)
+        one = lambda a: a.reshape(1) if getattr(a, "ndim", None) == 0 else a
+        return fn(x.reshape(1), 0, one(index), one(src), *args, **kwargs).reshape(())
+    return wrapped
+
+
 @lowering(aten.gather.default)
 def gather(x, dim, index, sparse_grad=False):
+    if index.size == 0:  # ATen lets an empty index have any shape
+        return jnp.zeros(index.shape, x.dtype)
     if x.ndim == 0:
         return x.reshape(index.shape)
     return x[_along(index, dim % x.ndim, x.ndim)]
 
 
 @lowering(aten.scatter.value)
+@_scalar_scatter
 def scatter_value(x, dim, index, value):
     return x.at[_along(index, dim % x.ndim, x.ndim)].set(value)
 
 
 @lowering(aten.scatter.src)
+@_scalar_scatter
 def scatter_src(x, dim, index, src):
     src = src[tuple(slice(0, n) for n in index.shape)]
     return x.at[_along(index, dim % x.ndim, x.ndim)].set(src)
 
 
 @lowering(aten.scatter.value_reduce, aten.scatter.reduce)
+@_scalar_scatter
 def scatter_reduce_legacy(x, dim, index, src, reduce):
     at = x.at[_along(index, dim % x.ndim, x.ndim)]
     if hasattr(src, "shape"):
@@ -42,12 +62,14 @@ def scatter_reduce_legacy(x, dim, index, src, reduce):
 
 
 @lowering(aten.scatter_add.default)
+@_scalar_scatter
 def scatter_add(x, dim, index, src):
     src = src[tuple(slice(0, n) for n in index.shape)]
     return x.at[_along(index, dim % x.ndim, x.ndim)].add(src)
 
 
 @lowering(aten.scatter_reduce.two)
+@_scalar_scatter
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     src = src[tuple(slice(0, n) for n in index.shape)]
     idx = _along(index, dim % x.ndim, x.ndim)
@@ -81,7 +103,7 @@ def _index_tuple(x, indices):
         if i is None:
             out.append(slice(None))
         elif i.dtype == jnp.bool_:
-            raise NotImplementedError(
+            raise DataDependentShapeError(
                 "boolean-mask indexing gives a data-dependent shape, which XLA cannot compile; "
                 "use torch.where(mask, x, other) instead")
         else:
@@ -94,8 +116,37 @@ def index(x, indices):
     return x[_index_tuple(x, indices)]
 
 
+def _masked_put(x, indices, values, accumulate):
+    """``x[..., mask, ...] = values`` without the data-dependent count of True entries.
+
+    Possible when `values` broadcasts along the selected entries (it has no dimension for
+    them, or one of size 1): then every selected position gets the same slice, and the
+    put is a `where` over the mask. Returns None when that does not hold.
+    """
+    real = [i for i in indices if i is not None]
+    if len(real) != 1 or real[0].dtype != jnp.bool_:
+        return None
+    lead = next(p for p, i in enumerate(indices) if i is not None)
+    mask = real[0]
+    trailing = x.shape[lead + mask.ndim:]
+    values = jnp.asarray(values, x.dtype)
+    if values.ndim > len(trailing):
+        if values.ndim > len(trailing) + 1 or values.shape[0] != 1:
+            return None
+        values = values[0]
+    values = jnp.broadcast_to(values, trailing)
+    full_mask = mask.reshape((1,) * lead + mask.shape + (1,) * len(trailing))
+    full_values = values.reshape((1,) * (lead + mask.ndim) + trailing)
+    if accumulate:
+        return x + jnp.where(full_mask, full_values, 0).astype(x.dtype)
+    return jnp.where(full_mask, full_values, x)
+
+
 @lowering(aten.index_put.default)
 def index_put(x, indices, values, accumulate=False):
+    masked = _masked_put(x, indices, values, accumulate)
+    if masked is not None:
+        return masked
     at = x.at[_index_tuple(x, indices)]
     return at.add(values) if accumulate else at.set(values)
 
@@ -149,3 +200,13 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
         flat_grad = flat_grad / counts[flat_idx][:, None]
     out = jnp.zeros((num_weights, flat_grad.shape[1]), grad.dtype).at[flat_idx].add(flat_grad)
     return out.reshape((num_weights,) + grad.shape[indices.ndim:])
+
+
+@lowering(aten.embedding_renorm.default)
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    # Rows looked up by `indices` whose norm exceeds max_norm are scaled down to it
+    # (with ATen's 1e-7 guard); the other rows are left alone.
+    used = jnp.zeros(weight.shape[0], bool).at[indices.reshape(-1)].set(True)
+    norm = jnp.sum(jnp.abs(weight) ** norm_type, axis=-1) ** (1.0 / norm_type)
+    scale = jnp.where(used & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
+    return weight * scale[:, None].astype(weight.dtype)

@@ -29,6 +29,15 @@ def addmm(bias, a, b, beta=1, alpha=1):
     return out + (bias if beta == 1 else beta * bias)
 
 
+@lowering(aten.addbmm.default)
+def addbmm(bias, a, b, beta=1, alpha=1):
+    # the batch of products is summed into one matrix
+    return addmm(bias, jnp.concatenate(list(a), axis=-1) if a.shape[0] else
+                 jnp.zeros(a.shape[1:2] + (0,), a.dtype),
+                 jnp.concatenate(list(b), axis=0) if b.shape[0] else
+                 jnp.zeros((0,) + b.shape[2:], b.dtype), beta, alpha)
+
+
 @lowering(aten.mv.default)
 def mv(a, v):
     return _matmul(a, v)

@@ -11,7 +11,8 @@ import torch
 from bridge.dtypes import to_jax_dtype
 from bridge.ops.pooling import _avg_pool
 from bridge.ops.random import next_key
-from bridge.ops.registry import lowering
+from bridge.errors import DataDependentShapeError
+from bridge.ops.registry import lowering, scalar_as_vector
 
 aten = torch.ops.aten
 
@@ -155,7 +156,8 @@ def frexp(x):
 
 @lowering(aten.masked_scatter.default)
 def masked_scatter(x, mask, source):
-    mask = jnp.broadcast_to(mask, x.shape)
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    x, mask = jnp.broadcast_to(x, shape), jnp.broadcast_to(mask, shape)
     flat_mask = mask.reshape(-1)
     # the k-th True position takes source[k]
     order = jnp.cumsum(flat_mask) - 1
@@ -174,12 +176,11 @@ def put(x, index, source, accumulate=False):
 
 
 @lowering(aten.index_reduce.default)
+@scalar_as_vector
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     d = _dim(x, dim)
     moved = jnp.moveaxis(x, d, 0)
     src = jnp.moveaxis(source, d, 0) if source.ndim else source.reshape(1)
-    if x.ndim == 0:
-        moved = x.reshape(1)
     floating = jnp.issubdtype(x.dtype, jnp.floating)
     if reduce == "prod":
         base = moved if include_self else moved.at[index].set(1)
@@ -196,7 +197,7 @@ def index_reduce(x, dim, index, source, reduce, include_self=True):
         count = count + (1 if include_self else 0)
         count = jnp.where(count == 0, 1, count).reshape((-1,) + (1,) * (moved.ndim - 1))
         out = total / count if floating else jnp.floor_divide(total, count)
-    return out.reshape(()) if x.ndim == 0 else jnp.moveaxis(out, 0, d)
+    return jnp.moveaxis(out, 0, d)
 
 
 @lowering(aten.randint_like.default, aten.randint_like.low_dtype)
@@ -220,8 +221,12 @@ def multinomial(probs, num_samples, replacement=False, generator=None):
 
 @lowering(aten.nonzero_static.default)
 def nonzero_static(x, size, fill_value=-1):
+    if x.ndim == 0:  # ATen: a 0-d input gives (size, 0) indices, `size` rows of nothing
+        return jnp.zeros((size, 0), jnp.int32)
+    if x.size == 0:  # jnp.nonzero pads an empty input with 0s, not fill_value
+        return jnp.full((size, x.ndim), fill_value, jnp.int32)
     idx = jnp.nonzero(x, size=size, fill_value=fill_value)
-    return jnp.stack(idx, axis=-1) if idx else jnp.zeros((size, 0), jnp.int32)
+    return jnp.stack(idx, axis=-1)
 
 
 @lowering(aten.diagonal_scatter.default)
@@ -461,7 +466,7 @@ def local_scalar_dense(x):
 
 @lowering(aten.nonzero.default)
 def nonzero(x):
-    raise NotImplementedError(
+    raise DataDependentShapeError(
         "aten.nonzero has a data-dependent output shape, which XLA cannot compile; use "
         "torch.nonzero_static(x, size=...) or torch.where(mask, a, b) instead")
 
@@ -474,4 +479,10 @@ def adaptive_avg_pool1d(x, output_size):
 @lowering(aten._linalg_check_errors.default)
 def linalg_check_errors(info, api_name, is_matrix):
     # XLA's factorizations report no errors (info is always 0), so there is nothing to check.
+    return None
+
+
+@lowering(aten._assert_tensor_metadata.default)
+def assert_tensor_metadata(*args, **kwargs):
+    # export's dtype/shape guards: shapes and dtypes are static once lowered, so they hold.
     return None

@@ -116,7 +116,7 @@ def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_
 
 @lowering(aten.native_group_norm.default)
 def native_group_norm(x, weight, bias, n, c, hw, group, eps):
-    g = x.reshape(n, group, -1)
+    g = x.reshape(n, group, (c // group) * hw)  # not -1: an empty batch has no size to infer
     mean = jnp.mean(g, axis=-1)
     var = jnp.var(g, axis=-1)
     rstd = jax.lax.rsqrt(var + eps)

@@ -159,3 +159,58 @@ def adaptive_avg_pool2d(x, output_size):
 def adaptive_avg_pool2d_backward(grad, x):
     _, vjp = jax.vjp(lambda v: adaptive_avg_pool2d(v, grad.shape[-2:]), x)
     return vjp(grad)[0]
+
+
+def _fractional_starts(sample, size, out, k):
+    """ATen's pseudo-random window starts for one dim (Graham, fractional max-pooling)."""
+    i = jnp.arange(out, dtype=sample.dtype)
+    alpha = (size - k) / max(out - 1, 1)
+    starts = (jnp.floor((i + sample) * alpha) - jnp.floor(sample * alpha)).astype(jnp.int32)
+    return starts.at[-1].set(size - k)
+
+
+def _fractional_max_pool(x, kernel_size, output_size, samples):
+    """Max over windows starting at `_fractional_starts`; samples (N, C, nd) hold, per
+    plane, the draw for the last dim first (W, then H, as ATen reads them) in 2-d and
+    (T, H, W) in 3-d."""
+    nd = len(kernel_size)
+    batched = x.ndim == nd + 2
+    if not batched:
+        x, samples = x[None], samples.reshape((1,) + samples.shape[-2:])
+    spatial = x.shape[2:]
+    order = [1, 0] if nd == 2 else [0, 1, 2]  # which sample entry drives each spatial dim
+
+    def plane(p, s):
+        idx = []
+        for d in range(nd):
+            starts = _fractional_starts(s[order[d]], spatial[d], output_size[d], kernel_size[d])
+            idx.append(starts[:, None] + jnp.arange(kernel_size[d]))  # (out_d, k_d)
+        # gather the (out_0, k_0, out_1, k_1, ...) block of windows
+        shape = []
+        for d in range(nd):
+            shape += [output_size[d], kernel_size[d]]
+        gathered_idx = []
+        for d in range(nd):
+            view = [1] * (2 * nd)
+            view[2 * d], view[2 * d + 1] = output_size[d], kernel_size[d]
+            gathered_idx.append(jnp.broadcast_to(idx[d].reshape(view), shape))
+        vals = p[tuple(gathered_idx)]
+        lin = gathered_idx[0]
+        for d in range(1, nd):
+            lin = lin * spatial[d] + gathered_idx[d]
+        perm = list(range(0, 2 * nd, 2)) + list(range(1, 2 * nd, 2))
+        vals = jnp.transpose(vals, perm).reshape(tuple(output_size) + (-1,))
+        lin = jnp.transpose(lin, perm).reshape(tuple(output_size) + (-1,))
+        # NaN wins, then the first maximum, as ATen's scan keeps it
+        arg = jnp.argmax(jnp.where(jnp.isnan(vals), jnp.inf, vals), axis=-1)
+        out = jnp.take_along_axis(vals, arg[..., None], -1)[..., 0]
+        return out, jnp.take_along_axis(lin, arg[..., None], -1)[..., 0]
+    out, ind = jax.vmap(jax.vmap(plane))(x, samples.astype(x.dtype))
+    if not batched:
+        out, ind = out[0], ind[0]
+    return out, ind
+
+
+@lowering(aten.fractional_max_pool2d.default, aten.fractional_max_pool3d.default)
+def fractional_max_pool(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, list(kernel_size), list(output_size), random_samples)

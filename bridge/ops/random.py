@@ -86,7 +86,9 @@ def randn_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_
 @lowering(aten.randint.low)
 def randint_low(low, high, size, dtype=None, layout=None, device=None, pin_memory=None, generator=None):
     dt = to_jax_dtype(dtype if dtype is not None else torch.int64)
-    return jax.random.randint(next_key(), tuple(size), low, high, dt)
+    # ATen allows a float dtype (integers stored as floats); jax draws integers only
+    draw_dt = dt if jnp.issubdtype(dt, jnp.integer) else jnp.int32
+    return jax.random.randint(next_key(), tuple(size), low, high, draw_dt).astype(dt)
 
 
 @lowering(aten.randint.default)
@@ -136,3 +138,14 @@ def native_dropout(x, p, train):
         return x, jnp.ones(x.shape, jnp.bool_)
     keep = jax.random.bernoulli(next_key(), 1.0 - p, x.shape)
     return jnp.where(keep, x / (1.0 - p), 0).astype(x.dtype), keep
+
+
+@lowering(aten.rrelu_with_noise_functional.default)
+def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    # Training draws a slope per negative element and returns it as the new noise (ones
+    # where x >= 0), as ATen's kernel writes it; evaluation uses the mean slope.
+    if not training:
+        return jnp.where(x >= 0, x, x * ((lower + upper) / 2)), noise
+    slope = jax.random.uniform(next_key(), x.shape, jnp.float32, lower, upper).astype(x.dtype)
+    slope = jnp.where(x >= 0, 1, slope).astype(x.dtype)
+    return x * slope, slope

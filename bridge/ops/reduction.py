@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import torch
 
 from bridge.dtypes import to_jax_dtype
-from bridge.ops.registry import lowering
+from bridge.ops.registry import lowering, scalar_as_vector
 
 aten = torch.ops.aten
 
@@ -163,21 +163,25 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
 
 
 @lowering(aten._softmax.default)
+@scalar_as_vector
 def softmax(x, dim, half_to_float=False):
     return jax.nn.softmax(x, axis=dim)
 
 
 @lowering(aten._log_softmax.default)
+@scalar_as_vector
 def log_softmax(x, dim, half_to_float=False):
     return jax.nn.log_softmax(x, axis=dim)
 
 
 @lowering(aten._softmax_backward_data.default)
+@scalar_as_vector
 def softmax_backward(grad, y, dim, input_dtype):
     return y * (grad - jnp.sum(grad * y, axis=dim, keepdims=True))
 
 
 @lowering(aten._log_softmax_backward_data.default)
+@scalar_as_vector
 def log_softmax_backward(grad, y, dim, input_dtype):
     return grad - jnp.exp(y) * jnp.sum(grad, axis=dim, keepdims=True)
 
@@ -198,6 +202,7 @@ def cumprod(x, dim, dtype=None):
 
 
 @lowering(aten.cummax.default)
+@scalar_as_vector
 def cummax(x, dim):
     values = jax.lax.cummax(x, axis=dim % x.ndim)
     idx = jnp.arange(x.shape[dim]).reshape([-1 if i == dim % x.ndim else 1 for i in range(x.ndim)])
@@ -206,6 +211,7 @@ def cummax(x, dim):
 
 
 @lowering(aten.cummin.default)
+@scalar_as_vector
 def cummin(x, dim):
     values = jax.lax.cummin(x, axis=dim % x.ndim)
     idx = jnp.arange(x.shape[dim]).reshape([-1 if i == dim % x.ndim else 1 for i in range(x.ndim)])
@@ -217,14 +223,14 @@ def cummin(x, dim):
 def sort(x, dim=-1, descending=False, stable=False):
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int32)
-    key = -x if descending and not jnp.issubdtype(x.dtype, jnp.bool_) else x
-    idx = jnp.argsort(key, axis=dim, stable=True, descending=False)
-    if descending and jnp.issubdtype(x.dtype, jnp.bool_):
-        idx = jnp.argsort(~key, axis=dim, stable=True)
+    # jnp's descending sort stays stable and puts NaN first, as ATen's does; negating the
+    # key instead would send NaN last and overflow the smallest integer.
+    idx = jnp.argsort(x, axis=dim, stable=True, descending=descending)
     return jnp.take_along_axis(x, idx, axis=dim), idx
 
 
 @lowering(aten.topk.default)
+@scalar_as_vector
 def topk(x, k, dim=-1, largest=True, sorted=True):
     moved = jnp.moveaxis(x, dim, -1)
     values, idx = jax.lax.top_k(moved if largest else -moved, k)

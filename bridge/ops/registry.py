@@ -26,3 +26,21 @@ def lowering(*ops):
                 LOWERINGS[op] = fn
         return fn
     return register
+
+
+def scalar_as_vector(fn):
+    """Run `fn` on a 0-d first argument as a 1-element vector, and give back 0-d results.
+
+    ATen treats a 0-d tensor as having one dimension of size 1 for `dim` arguments
+    (dim 0 and -1 both name it); jax.numpy has no axis to name there.
+    """
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(x, *args, **kwargs):
+        if getattr(x, "ndim", None) != 0:
+            return fn(x, *args, **kwargs)
+        out = fn(x.reshape(1), *args, **kwargs)
+        squeeze = lambda o: o.reshape(()) if getattr(o, "shape", None) == (1,) else o
+        return tuple(squeeze(o) for o in out) if isinstance(out, (tuple, list)) else squeeze(out)
+    return wrapped

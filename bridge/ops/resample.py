@@ -66,27 +66,60 @@ lowering(aten.upsample_bilinear2d.vec)(_upsample_linear(2))
 lowering(aten.upsample_trilinear3d.vec)(_upsample_linear(3))
 
 
+def _reflect(coord, twice_low, twice_high):
+    """ATen's reflection of a source coordinate into [twice_low/2, twice_high/2]."""
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    dist = jnp.abs(coord - low)
+    extra, flips = jnp.fmod(dist, span), jnp.floor(dist / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
 @lowering(aten.grid_sampler_2d.default)
 def grid_sampler_2d(x, grid, interpolation_mode=0, padding_mode=0, align_corners=False):
-    """Bilinear (0) or nearest (1) sampling with zeros (0) or border (1) padding."""
-    if interpolation_mode not in (0, 1) or padding_mode not in (0, 1):
-        raise NotImplementedError("grid_sampler_2d: only bilinear/nearest sampling with "
-                                  "zeros/border padding is lowered")
+    """Bilinear (0), nearest (1) or bicubic (2) sampling with zeros (0), border (1) or
+    reflection (2) padding, as ATen's CPU kernel computes them."""
     n, c, h, w = x.shape
 
     def unnorm(coord, size):
         if align_corners:
             return (coord + 1) / 2 * (size - 1)
         return ((coord + 1) * size - 1) / 2
+
+    def pad(coord, size):
+        if padding_mode == 2:
+            coord = (_reflect(coord, 0, 2 * (size - 1)) if align_corners
+                     else _reflect(coord, -1, 2 * size - 1))
+        if padding_mode in (1, 2):
+            coord = jnp.clip(coord, 0, size - 1)
+        return coord
     gx, gy = unnorm(grid[..., 0], w), unnorm(grid[..., 1], h)
-    if padding_mode == 1:
-        gx, gy = jnp.clip(gx, 0, w - 1), jnp.clip(gy, 0, h - 1)
     batch = jnp.arange(n)[:, None, None]
 
     def at(iy, ix):
         valid = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
         v = x[batch, :, jnp.clip(iy, 0, h - 1), jnp.clip(ix, 0, w - 1)]  # n, oh, ow, c
         return jnp.where(valid[..., None], v, 0)
+    if interpolation_mode == 2:
+        # bicubic pads each of the 4x4 integer taps, not the sampling point
+        x0, y0 = jnp.floor(gx), jnp.floor(gy)
+        tx, ty = gx - x0, gy - y0
+        a = -0.75
+
+        def coeffs(t):
+            near = lambda d: ((a + 2) * d - (a + 3)) * d * d + 1
+            far = lambda d: ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+            return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+        cx, cy = coeffs(tx), coeffs(ty)
+        out = 0
+        for j in range(4):
+            iy = pad(y0 - 1 + j, h).astype(jnp.int32)
+            for i in range(4):
+                ix = pad(x0 - 1 + i, w).astype(jnp.int32)
+                out = out + at(iy, ix) * (cx[i] * cy[j])[..., None]
+        return jnp.moveaxis(out, -1, 1)
+    gx, gy = pad(gx, w), pad(gy, h)
     if interpolation_mode == 1:
         out = at(jnp.round(gy).astype(jnp.int32), jnp.round(gx).astype(jnp.int32))
     else:
@@ -95,6 +128,42 @@ def grid_sampler_2d(x, grid, interpolation_mode=0, padding_mode=0, align_corners
         x0, y0 = x0.astype(jnp.int32), y0.astype(jnp.int32)
         out = (at(y0, x0) * (1 - wx) * (1 - wy) + at(y0, x0 + 1) * wx * (1 - wy)
                + at(y0 + 1, x0) * (1 - wx) * wy + at(y0 + 1, x0 + 1) * wx * wy)
+    return jnp.moveaxis(out, -1, 1)
+
+
+@lowering(aten.grid_sampler_3d.default)
+def grid_sampler_3d(x, grid, interpolation_mode=0, padding_mode=0, align_corners=False):
+    """Trilinear (0) or nearest (1) volume sampling, paddings as in `grid_sampler_2d`."""
+    n, c, d, h, w = x.shape
+    sizes = (w, h, d)  # grid's last dim holds (x, y, z)
+
+    def coord(k):
+        size, g = sizes[k], grid[..., k]
+        g = (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
+        if padding_mode == 2:
+            g = _reflect(g, 0, 2 * (size - 1)) if align_corners else _reflect(g, -1, 2 * size - 1)
+        return jnp.clip(g, 0, size - 1) if padding_mode in (1, 2) else g
+    gx, gy, gz = coord(0), coord(1), coord(2)
+    batch = jnp.arange(n)[:, None, None, None]
+
+    def at(iz, iy, ix):
+        valid = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h) & (iz >= 0) & (iz < d)
+        v = x[batch, :, jnp.clip(iz, 0, d - 1), jnp.clip(iy, 0, h - 1), jnp.clip(ix, 0, w - 1)]
+        return jnp.where(valid[..., None], v, 0)
+    if interpolation_mode == 1:
+        r = lambda g: jnp.round(g).astype(jnp.int32)
+        out = at(r(gz), r(gy), r(gx))
+    else:
+        x0, y0, z0 = jnp.floor(gx), jnp.floor(gy), jnp.floor(gz)
+        fx, fy, fz = gx - x0, gy - y0, gz - z0
+        x0, y0, z0 = x0.astype(jnp.int32), y0.astype(jnp.int32), z0.astype(jnp.int32)
+        out = 0
+        for dz in (0, 1):
+            for dy in (0, 1):
+                for dx in (0, 1):
+                    weight = ((fx if dx else 1 - fx) * (fy if dy else 1 - fy)
+                              * (fz if dz else 1 - fz))
+                    out = out + at(z0 + dz, y0 + dy, x0 + dx) * weight[..., None]
     return jnp.moveaxis(out, -1, 1)
 
 
@@ -119,3 +188,32 @@ def col2im(x, output_size, kernel_size, dilation, padding, stride):
                          c0:c0 + stride[1] * bw:stride[1]].add(cols[:, :, i, j])
     out = out[:, :, ph:ph + oh, pw:pw + ow]
     return out if batched else out[0]
+
+
+def _aa_weights(size, out, align_corners, scale):
+    """(out, size) matrix of ATen's antialiased linear interpolation: a triangle filter
+    stretched over the input pixels one output pixel covers when downsampling."""
+    if align_corners:
+        ratio = (size - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        ratio = 1.0 / scale if scale else size / out
+    support = ratio if ratio >= 1 else 1.0
+    invscale = 1.0 / ratio if ratio >= 1 else 1.0
+    w = np.zeros((out, size), np.float64)
+    for i in range(out):
+        center = ratio * (i + 0.5)
+        lo = max(int(center - support + 0.5), 0)
+        hi = min(int(center + support + 0.5), size)
+        j = np.arange(lo, hi)
+        taps = np.maximum(0.0, 1.0 - np.abs((j - center + 0.5) * invscale))
+        total = taps.sum()
+        w[i, lo:hi] = taps / total if total else taps
+    return w
+
+
+@lowering(aten._upsample_bilinear2d_aa.default)
+def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    h, w = x.shape[-2:]
+    wh = jnp.asarray(_aa_weights(h, output_size[0], align_corners, scales_h), x.dtype)
+    ww = jnp.asarray(_aa_weights(w, output_size[1], align_corners, scales_w), x.dtype)
+    return jnp.einsum("...hw,oh,pw->...op", x, wh, ww)

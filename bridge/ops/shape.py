@@ -200,3 +200,27 @@ def resize(x, size, memory_format=None):
     flat = x.reshape(-1)
     flat = flat[:n] if flat.shape[0] >= n else jnp.pad(flat, (0, n - flat.shape[0]))
     return flat.reshape(tuple(size))
+
+
+@lowering(aten.view_as_real_copy.default, aten.view_as_real.default)
+def view_as_real(x):
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@lowering(aten.view_as_complex_copy.default, aten.view_as_complex.default)
+def view_as_complex(x):
+    return jax.lax.complex(x[..., 0], x[..., 1])
+
+
+# Lowered whole: PyTorch's decompositions build them by writing through a complex view,
+# which functionalisation cannot replay.
+@lowering(aten.complex.default)
+def complex_(real, imag):
+    real, imag = jnp.broadcast_arrays(real, imag)
+    return jax.lax.complex(real, imag)
+
+
+@lowering(aten.polar.default)
+def polar(magnitude, angle):
+    magnitude, angle = jnp.broadcast_arrays(magnitude, angle)
+    return jax.lax.complex(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle))

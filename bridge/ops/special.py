@@ -1,6 +1,7 @@
 """Special functions (`torch.special`, gamma family, Bessel functions, orthogonal polynomials)."""
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax.scipy import special as jsp
 
@@ -33,10 +34,6 @@ def _spherical_j0(x):
     return jnp.where(small, 1 - x * x / 6, jnp.sin(safe) / safe)
 
 
-def _bessel_j(n):
-    return lambda x: jsp.bessel_jn(_float(x), v=n, n_iter=50)[n]
-
-
 for _op, _fn in {
     aten.special_i0e: lambda x: jsp.i0e(_float(x)),
     aten.special_i1: lambda x: jsp.i1(_float(x)),
@@ -54,19 +51,6 @@ for _op, _fn in {
 }.items():
     lowering(_op)(lambda x, _fn=_fn: _fn(x))
 
-try:  # jax versions differ in which Bessel functions they ship
-    lowering(aten.special_bessel_j0)(lambda x: jsp.bessel_jn(_float(x), v=0, n_iter=50)[0])
-    lowering(aten.special_bessel_j1)(lambda x: jsp.bessel_jn(_float(x), v=1, n_iter=50)[1])
-except AttributeError:
-    pass
-for _name in ("k0", "k1", "k0e", "k1e"):
-    if hasattr(jsp, _name):
-        _target = {"k0": "special_modified_bessel_k0", "k1": "special_modified_bessel_k1",
-                   "k0e": "special_scaled_modified_bessel_k0",
-                   "k1e": "special_scaled_modified_bessel_k1"}[_name]
-        lowering(getattr(aten, _target))(lambda x, _f=getattr(jsp, _name): _f(_float(x)))
-
-
 @lowering(aten.igamma.default)
 def igamma(a, x):
     return jsp.gammainc(_float(a), _float(x))
@@ -82,7 +66,18 @@ def polygamma(n, x):
     x = _float(x)
     if n == 0:
         return jsp.digamma(x)
-    return jsp.polygamma(n, x)
+    # jax's polygamma (a Hurwitz zeta) is wrong for x < 0: step x up past 1 with
+    # psi_n(x) = psi_n(x + 1) - (-1)^n n! / x^(n+1), then evaluate there.
+    steps = jnp.maximum(jnp.ceil(1 - jnp.min(x, initial=1.0)), 0).astype(jnp.int32)
+    sign_fact = (-1.0) ** n * float(np.prod(np.arange(1, n + 1)))
+
+    def body(k, carry):
+        shifted, total = carry
+        below = shifted < 1
+        total = total - jnp.where(below, sign_fact / jnp.where(below, shifted, 1) ** (n + 1), 0)
+        return jnp.where(below, shifted + 1, shifted), total
+    shifted, total = jax.lax.fori_loop(0, steps, body, (x, jnp.zeros_like(x)))
+    return jsp.polygamma(n, shifted) + total
 
 
 @lowering(aten.mvlgamma.default)
@@ -110,7 +105,8 @@ def _recurrence(first, second, step, shift=None):
         x = _float(x)
         if shift is not None:
             x = shift(x)
-        n = jnp.asarray(n)
+        # ATen converts the degree to int64 first, so a fractional degree truncates.
+        n = jnp.trunc(jnp.asarray(n))
         x, n = jnp.broadcast_arrays(x, n.astype(x.dtype))
         p0, p1 = first(x), second(x)
         top = jnp.maximum(jnp.max(n, initial=0), 1).astype(jnp.int32)
