@@ -66,3 +66,18 @@ def numpy_to_tensor(arr, dtype: torch.dtype) -> torch.Tensor:
     if t.element_size() == torch.empty((), dtype=dtype).element_size() and dtype not in _NATIVE:
         return t.view(dtype)
     return t.to(dtype)
+
+
+def read_dataset(ds, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor dataset read straight into a new tensor's memory (no numpy array in
+    between to allocate, copy or convert)."""
+    shape = tuple(ds.shape)
+    if not shape or ds.size == 0:
+        return numpy_to_tensor(ds[()], dtype)
+    out = torch.empty(shape, dtype=dtype)
+    view = out if dtype in _NATIVE else out.view(_RAW_BY_SIZE[out.element_size()])
+    target = view.numpy()
+    if target.dtype != ds.dtype:  # stored in another width (an older writer): convert
+        return numpy_to_tensor(ds[()], dtype)
+    ds.read_direct(target)
+    return out

@@ -122,15 +122,14 @@ class FileSource:
         self._lock = threading.Lock()
 
     def read(self, key, dtype):
-        from cstorch.storage.dtypes import numpy_to_tensor
+        from cstorch.storage.dtypes import read_dataset
         with self._lock:
             try:
                 if self._file is None:
                     raise ValueError("the file was closed")
-                arr = self._file[key][()]
+                return read_dataset(self._file[key], dtype)
             except Exception as e:
                 raise RuntimeError(f"cannot read tensor {key!r} from checkpoint {self.name}: {e}") from e
-        return numpy_to_tensor(arr, dtype)
 
     def close(self):
         with self._lock:

@@ -10,8 +10,8 @@ from h5py import h5d, h5p
 
 from cstorch.storage import pickling
 from cstorch.storage.creation import DeferredFullTensor
-from cstorch.storage.dtypes import (RTFX_IDS, dtype_from_name, dtype_from_rtfx, numpy_to_tensor,
-                                    storage_numpy_dtype, tensor_to_numpy)
+from cstorch.storage.dtypes import (RTFX_IDS, dtype_from_name, dtype_from_rtfx,
+                                    read_dataset, storage_numpy_dtype, tensor_to_numpy)
 from cstorch.storage.lazy import FileTensor, LazyTensor
 
 # HDF5 keeps attributes in the object header, which holds at most 64 KiB per message;
@@ -169,7 +169,7 @@ def read_leaf(f, source, key, inner, mode, allow_unsafe):
             raise ValueError("its tensor dataset is not an array")
         dtype = _tensor_dtype(inner, ds)
         if mode == "eager":
-            return numpy_to_tensor(ds[()], dtype)
+            return read_dataset(ds, dtype)
         return FileTensor(source, key, ds.shape, dtype, keep=(mode == "cache"))
     if kind == "ScalarSerializer":
         return inner["scalar_value"]
