@@ -131,3 +131,18 @@ def histogramdd_from_bin_cts(x, bins, range=None, weight=None, density=False):
 @lowering(aten._histogramdd_from_bin_tensors.default)
 def histogramdd_from_bin_tensors(x, bins, weight=None, density=False):
     return _dd_counts(x, [b.astype(x.dtype) for b in bins], weight, density)
+
+
+@lowering(aten.histc.default)
+def histc(x, bins=100, min=0, max=0):
+    x = x.reshape(-1)
+    lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
+    auto = (min == 0) and (max == 0)
+    if auto:
+        lo, hi = jnp.min(x, initial=jnp.inf), jnp.max(x, initial=-jnp.inf)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    pos = ((x - lo) / (hi - lo) * bins).astype(jnp.int32)
+    pos = jnp.where(x == hi, bins - 1, pos)
+    inside = (x >= lo) & (x <= hi)
+    return jnp.zeros(bins, x.dtype).at[jnp.where(inside, pos, bins)].add(1, mode="drop")

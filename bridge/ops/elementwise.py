@@ -252,3 +252,23 @@ def heaviside(x, values):
 @lowering(aten._conj_physical.default)
 def conj_physical(x):
     return jnp.conj(x)
+
+
+@lowering(aten.angle.default)
+def angle(x):
+    if jnp.iscomplexobj(x):
+        return jnp.angle(x)
+    x = x.astype(jnp.float32) if not jnp.issubdtype(x.dtype, jnp.floating) else x
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0.0).astype(x.dtype))
+
+
+@lowering(aten._conj_copy.default, aten.conj_physical.default, aten.resolve_conj.default,
+          aten.resolve_neg.default)
+def conj(x):
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x
+
+
+@lowering(aten.frexp.Tensor)
+def frexp(x):
+    m, e = jnp.frexp(x)
+    return m, e.astype(jnp.int32)

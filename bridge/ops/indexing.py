@@ -1,10 +1,9 @@
 """Gathers, scatters, advanced indexing and embeddings."""
-import jax
 import jax.numpy as jnp
 import torch
 
 from bridge.errors import DataDependentShapeError
-from bridge.ops.registry import lowering
+from bridge.ops.registry import canonical_dim, lowering, scalar_as_vector
 
 aten = torch.ops.aten
 
@@ -210,3 +209,92 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
     norm = jnp.sum(jnp.abs(weight) ** norm_type, axis=-1) ** (1.0 / norm_type)
     scale = jnp.where(used & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
     return weight * scale[:, None].astype(weight.dtype)
+
+
+@lowering(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    x, mask = jnp.broadcast_to(x, shape), jnp.broadcast_to(mask, shape)
+    flat_mask = mask.reshape(-1)
+    # the k-th True position takes source[k]
+    order = jnp.cumsum(flat_mask) - 1
+    src = source.reshape(-1)
+    taken = src[jnp.clip(order, 0, max(src.shape[0] - 1, 0))] if src.shape[0] else x.reshape(-1)
+    return jnp.where(flat_mask, taken, x.reshape(-1)).reshape(x.shape)
+
+
+@lowering(aten.put.default)
+def put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    idx = index.reshape(-1)
+    idx = jnp.where(idx < 0, idx + flat.shape[0], idx)
+    at = flat.at[idx]
+    return (at.add(source.reshape(-1)) if accumulate else at.set(source.reshape(-1))).reshape(x.shape)
+
+
+@lowering(aten.index_reduce.default)
+@scalar_as_vector
+def index_reduce(x, dim, index, source, reduce, include_self=True):
+    d = canonical_dim(x, dim)
+    moved = jnp.moveaxis(x, d, 0)
+    src = jnp.moveaxis(source, d, 0) if source.ndim else source.reshape(1)
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    if reduce == "prod":
+        base = moved if include_self else moved.at[index].set(1)
+        out = base.at[index].multiply(src)
+    elif reduce in ("amax", "amin"):
+        fill = (-jnp.inf if reduce == "amax" else jnp.inf) if floating else \
+            (jnp.iinfo(x.dtype).min if reduce == "amax" else jnp.iinfo(x.dtype).max)
+        base = moved if include_self else moved.at[index].set(fill)
+        out = base.at[index].max(src) if reduce == "amax" else base.at[index].min(src)
+    else:  # mean
+        base = moved if include_self else moved.at[index].set(0)
+        total = base.at[index].add(src)
+        count = jnp.zeros(moved.shape[0], x.dtype).at[index].add(1)
+        count = count + (1 if include_self else 0)
+        count = jnp.where(count == 0, 1, count).reshape((-1,) + (1,) * (moved.ndim - 1))
+        out = total / count if floating else jnp.floor_divide(total, count)
+    return jnp.moveaxis(out, 0, d)
+
+
+@lowering(aten.nonzero_static.default)
+def nonzero_static(x, size, fill_value=-1):
+    if x.ndim == 0:  # ATen: a 0-d input gives (size, 0) indices, `size` rows of nothing
+        return jnp.zeros((size, 0), jnp.int32)
+    if x.size == 0:  # jnp.nonzero pads an empty input with 0s, not fill_value
+        return jnp.full((size, x.ndim), fill_value, jnp.int32)
+    idx = jnp.nonzero(x, size=size, fill_value=fill_value)
+    return jnp.stack(idx, axis=-1)
+
+
+@lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """Bags given by 1-D `indices` and `offsets` (mode 0 sum, 1 mean, 2 max)."""
+    n = indices.shape[0]
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    bag_of = jnp.searchsorted(offsets[:bags], jnp.arange(n), side="right") - 1
+    rows = weight[indices]
+    keep = indices != padding_idx if padding_idx is not None and padding_idx >= 0 else \
+        jnp.ones(n, bool)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None]
+    rows = jnp.where(keep[:, None], rows, 0)
+    counts = jnp.zeros(bags, weight.dtype).at[bag_of].add(keep.astype(weight.dtype))
+    if mode == 2:
+        out = jnp.full((bags, weight.shape[1]), -jnp.inf, weight.dtype).at[bag_of].max(
+            jnp.where(keep[:, None], rows, -jnp.inf))
+        out = jnp.where(counts[:, None] > 0, out, 0)
+    else:
+        out = jnp.zeros((bags, weight.shape[1]), weight.dtype).at[bag_of].add(rows)
+        if mode == 1:
+            out = out / jnp.maximum(counts, 1)[:, None]
+    zero = jnp.zeros((0,), jnp.int32)
+    return out, zero, counts.astype(jnp.int32), zero
+
+
+@lowering(aten.nonzero.default)
+def nonzero(x):
+    raise DataDependentShapeError(
+        "aten.nonzero has a data-dependent output shape, which XLA cannot compile; use "
+        "torch.nonzero_static(x, size=...) or torch.where(mask, a, b) instead")

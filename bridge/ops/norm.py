@@ -138,3 +138,38 @@ def native_batch_norm(x, weight, bias, running_mean, running_var, training, mome
     out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
     empty = jnp.zeros((0,), x.dtype)
     return out, empty, empty
+
+
+@lowering(aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hw, group, mask):
+    shape = [1, -1] + [1] * (x.ndim - 2)
+    xhat = ((x.reshape(n, group, -1) - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    dxhat = grad * weight.reshape(shape) if weight is not None else grad
+    g_dxhat = dxhat.reshape(n, group, -1)
+    g_xhat = xhat.reshape(n, group, -1)
+    gx = rstd[..., None] * (g_dxhat - jnp.mean(g_dxhat, -1, keepdims=True)
+                            - g_xhat * jnp.mean(g_dxhat * g_xhat, -1, keepdims=True))
+    axes = (0,) + tuple(range(2, x.ndim))
+    return (gx.reshape(x.shape) if mask[0] else None,
+            jnp.sum(grad * xhat, axis=axes) if mask[1] else None,
+            jnp.sum(grad, axis=axes) if mask[2] else None)
+
+
+@lowering(aten._native_batch_norm_legit.default)
+def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """The out-of-place form: running stats are updated by the functional variant."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = [1, -1] + [1] * (x.ndim - 2)
+    if training:
+        mean, var = jnp.mean(x, axis=axes), jnp.var(x, axis=axes)
+    else:
+        mean, var = running_mean, running_var
+    rstd = 1 / jnp.sqrt(var + eps)
+    out = (x - mean.reshape(shape)) * rstd.reshape(shape)
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    if not training:
+        return out, jnp.zeros((0,), x.dtype), jnp.zeros((0,), x.dtype)
+    return out, mean, rstd

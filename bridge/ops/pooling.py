@@ -214,3 +214,85 @@ def _fractional_max_pool(x, kernel_size, output_size, samples):
 @lowering(aten.fractional_max_pool2d.default, aten.fractional_max_pool3d.default)
 def fractional_max_pool(x, kernel_size, output_size, random_samples):
     return _fractional_max_pool(x, list(kernel_size), list(output_size), random_samples)
+
+
+@lowering(aten.avg_pool3d.default)
+def avg_pool3d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3)
+
+
+@lowering(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    _, vjp = jax.vjp(lambda v: avg_pool3d(v, kernel_size, stride, padding, ceil_mode,
+                                          count_include_pad, divisor_override), x)
+    return vjp(grad)[0]
+
+
+def _adaptive(x, output_size, reduce):
+    nd = len(output_size)
+    lead = x.ndim - nd
+    out = x
+    for axis_i, o in enumerate(output_size):
+        axis = lead + axis_i
+        n = out.shape[axis]
+        pieces = [reduce(jax.lax.slice_in_dim(out, (i * n) // o, -(-((i + 1) * n) // o), axis=axis),
+                         axis) for i in range(o)]
+        out = jnp.stack(pieces, axis=axis)
+    return out
+
+
+@lowering(aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(x, output_size):
+    return _adaptive(x, list(output_size), lambda v, a: jnp.mean(v, axis=a))
+
+
+@lowering(aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool3d_backward(grad, x):
+    _, vjp = jax.vjp(lambda v: adaptive_avg_pool3d(v, grad.shape[-3:]), x)
+    return vjp(grad)[0]
+
+
+def _adaptive_max(x, output_size):
+    nd = len(output_size)
+    lead = x.ndim - nd
+    spatial = x.shape[lead:]
+    flat_idx = jnp.broadcast_to(jnp.arange(int(np.prod(spatial)), dtype=jnp.int32).reshape(spatial),
+                                x.shape)
+    # one window per output cell: fine for the small output sizes adaptive pooling uses
+    cells = np.ndindex(*output_size)
+    vals, idxs = [], []
+    for cell in cells:
+        sl = [slice(None)] * lead
+        for c, o, n in zip(cell, output_size, spatial):
+            sl.append(slice((c * n) // o, -(-((c + 1) * n) // o)))
+        win = x[tuple(sl)].reshape(x.shape[:lead] + (-1,))
+        wid = flat_idx[tuple(sl)].reshape(x.shape[:lead] + (-1,))
+        a = jnp.argmax(win, axis=-1)
+        vals.append(jnp.take_along_axis(win, a[..., None], -1)[..., 0])
+        idxs.append(jnp.take_along_axis(wid, a[..., None], -1)[..., 0])
+    shape = x.shape[:lead] + tuple(output_size)
+    return jnp.stack(vals, -1).reshape(shape), jnp.stack(idxs, -1).reshape(shape)
+
+
+@lowering(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def adaptive_max_pool(x, output_size):
+    return _adaptive_max(x, list(output_size))
+
+
+@lowering(aten.adaptive_max_pool2d_backward.default, aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool_backward(grad, x, indices):
+    spatial_nd = 2 if x.shape[:-2] == grad.shape[:-2] else 3
+    lead = x.ndim - spatial_nd
+    flat = jnp.zeros(x.shape[:lead] + (int(np.prod(x.shape[lead:])),), grad.dtype)
+    g = grad.reshape(grad.shape[:lead] + (-1,))
+    i = indices.reshape(indices.shape[:lead] + (-1,))
+    out = jax.vmap(lambda f, ii, gg: f.at[ii].add(gg))(
+        flat.reshape(-1, flat.shape[-1]), i.reshape(-1, i.shape[-1]), g.reshape(-1, g.shape[-1]))
+    return out.reshape(x.shape)
+
+
+@lowering(aten.adaptive_avg_pool1d.default)
+def adaptive_avg_pool1d(x, output_size):
+    return _adaptive(x, list(output_size), lambda v, a: jnp.mean(v, axis=a))

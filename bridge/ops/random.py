@@ -149,3 +149,22 @@ def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generat
     slope = jax.random.uniform(next_key(), x.shape, jnp.float32, lower, upper).astype(x.dtype)
     slope = jnp.where(x >= 0, 1, slope).astype(x.dtype)
     return x * slope, slope
+
+
+@lowering(aten.randint_like.default, aten.randint_like.low_dtype)
+def randint_like(x, low_or_high, high=None, dtype=None, layout=None, device=None,
+                 pin_memory=None, memory_format=None):
+    low, high = (0, low_or_high) if high is None else (low_or_high, high)
+    dt = to_jax_dtype(dtype) if dtype is not None else x.dtype
+    return jax.random.randint(next_key(), x.shape, low, high).astype(dt)
+
+
+@lowering(aten.multinomial.default)
+def multinomial(probs, num_samples, replacement=False, generator=None):
+    logits = jnp.log(probs)
+    shape = probs.shape[:-1] + (num_samples,)
+    if replacement:
+        return jax.random.categorical(next_key(), logits[..., None, :], shape=shape)
+    # without replacement: the top-k of Gumbel-perturbed logits
+    g = jax.random.gumbel(next_key(), probs.shape)
+    return jax.lax.top_k(logits + g, num_samples)[1]

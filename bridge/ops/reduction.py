@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import torch
 
 from bridge.dtypes import to_jax_dtype
-from bridge.ops.registry import lowering, scalar_as_vector
+from bridge.ops.registry import canonical_dim, lowering, scalar_as_vector
 
 aten = torch.ops.aten
 
@@ -237,3 +237,16 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
     if not largest:
         values = -values
     return jnp.moveaxis(values, -1, dim), jnp.moveaxis(idx, -1, dim)
+
+
+@lowering(aten.logcumsumexp.default)
+def logcumsumexp(x, dim):
+    if x.ndim == 0:
+        return x
+    return jax.lax.cumlogsumexp(x, axis=canonical_dim(x, dim))
+
+
+@lowering(aten.var.dim)
+def var_dim(x, dim=None, unbiased=True, keepdim=False):
+    axes = None if dim is None or x.ndim == 0 or len(dim) == 0 else tuple(d % x.ndim for d in dim)
+    return jnp.var(x, axis=axes, ddof=1 if unbiased else 0, keepdims=keepdim)

@@ -44,3 +44,8 @@ def scalar_as_vector(fn):
         squeeze = lambda o: o.reshape(()) if getattr(o, "shape", None) == (1,) else o
         return tuple(squeeze(o) for o in out) if isinstance(out, (tuple, list)) else squeeze(out)
     return wrapped
+
+
+def canonical_dim(x, dim):
+    """`dim` as a non-negative axis of `x`; PyTorch lets 0-d tensors take dim 0 or -1."""
+    return dim % x.ndim if x.ndim else 0

@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from bridge.ops.registry import lowering
+from bridge.ops.registry import canonical_dim, lowering
 
 aten = torch.ops.aten
 
@@ -224,3 +224,41 @@ def complex_(real, imag):
 def polar(magnitude, angle):
     magnitude, angle = jnp.broadcast_arrays(magnitude, angle)
     return jax.lax.complex(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle))
+
+
+@lowering(aten.diagonal_scatter.default)
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = canonical_dim(x, dim1), canonical_dim(x, dim2)
+    moved = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    n, m = moved.shape[-2:]
+    k = src.shape[-1]
+    rows = jnp.arange(k) + max(-offset, 0)
+    cols = jnp.arange(k) + max(offset, 0)
+    moved = moved.at[..., rows, cols].set(src)
+    return jnp.moveaxis(moved, (-2, -1), (d1, d2))
+
+
+def _pad(x, padding, mode):
+    nd = len(padding) // 2
+    pads = [(0, 0)] * (x.ndim - nd)
+    for i in reversed(range(nd)):
+        pads.append((padding[2 * i], padding[2 * i + 1]))
+    # negative padding crops
+    crop = tuple(slice(max(-lo, 0), x.shape[j] - max(-hi, 0)) for j, (lo, hi) in enumerate(pads))
+    x = x[crop]
+    return jnp.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in pads], mode=mode)
+
+
+@lowering(aten._pad_circular.default)
+def pad_circular(x, padding):
+    return _pad(x, padding, "wrap")
+
+
+for _n in (1, 2, 3):
+    lowering(getattr(aten, f"reflection_pad{_n}d").default)(lambda x, p: _pad(x, p, "reflect"))
+    lowering(getattr(aten, f"replication_pad{_n}d").default)(lambda x, p: _pad(x, p, "edge"))
+    for _kind, _mode in (("reflection", "reflect"), ("replication", "edge")):
+        def _bwd(grad, x, p, _mode=_mode):
+            _, vjp = jax.vjp(lambda v: _pad(v, p, _mode), x)
+            return vjp(grad)[0]
+        lowering(getattr(aten, f"{_kind}_pad{_n}d_backward").default)(_bwd)
