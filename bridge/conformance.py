@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
-import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 

@@ -5,7 +5,6 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import h5py
-import torch
 import torch.utils._pytree as pytree
 
 from cstorch.storage import retention

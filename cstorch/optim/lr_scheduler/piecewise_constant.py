@@ -1,7 +1,6 @@
 """`PiecewiseConstantLR`: a rate per interval between milestones."""
 import torch
 
-from cstorch.optim.lr_scheduler.multi_step import milestones_passed
 from cstorch.optim.lr_scheduler.scheduler import LRScheduler
 
 
