@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import h5py
 import torch.utils._pytree as pytree
+from tqdm.auto import tqdm
 
 from cstorch.storage import retention
 from cstorch.storage.pytree import ensure_namedtuples_registered, leaf_keys, stars, dumps_json
@@ -23,10 +24,6 @@ def _flags():
 
 def _progress(total_bytes):
     if total_bytes < _PROGRESS_MIN_BYTES or not getattr(sys.stderr, "isatty", lambda: False)():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
         return None
     return tqdm(total=total_bytes, unit="B", unit_scale=True, desc="Saving checkpoint", leave=False)
 
