@@ -74,8 +74,9 @@ def to_jax(ep: ExportedProgram) -> tuple[Callable[..., Any], dict[str, jax.Array
     takes the program's user inputs as JAX arrays (non-tensor inputs as the values the
     program was exported with) and returns its outputs in the program's output
     structure (a Hugging Face `ModelOutput` or other mapping as a plain dict, a
-    namedtuple as a tuple, which `jax.jit` can return). A program that also writes state (buffer mutations, or the gradients of a
-    joint forward-backward program from `torch.export`'s experimental tools) returns
+    namedtuple as a tuple, which `jax.jit` can return). A program that also writes state
+    (buffer mutations, or the gradients of a joint forward-backward program from
+    `torch.export`'s experimental tools) returns
     ``(outputs, updates)`` with ``updates = {"buffers": {...}, "grads": {...},
     "inputs": {...}}`` keyed by state/input name; `fn.has_updates` says which form.
     Random ops draw from `key` (a `jax.random.key`).
