@@ -124,18 +124,24 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
     return total / count
 
 
-@lowering(aten.avg_pool2d.default)
-def avg_pool2d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
-    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2)
+def _avg_pool_nd(nd):
+    def forward(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+        return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                         divisor_override, nd)
+
+    def backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                 divisor_override):
+        _, vjp = jax.vjp(lambda v: forward(v, kernel_size, stride, padding, ceil_mode,
+                                           count_include_pad, divisor_override), x)
+        return vjp(grad)[0]
+    return forward, backward
 
 
-@lowering(aten.avg_pool2d_backward.default)
-def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                        divisor_override):
-    _, vjp = jax.vjp(lambda v: _avg_pool(v, kernel_size, stride, padding, ceil_mode,
-                                         count_include_pad, divisor_override, 2), x)
-    return vjp(grad)[0]
+for _nd in (2, 3):
+    _forward, _backward = _avg_pool_nd(_nd)
+    lowering(getattr(aten, f"avg_pool{_nd}d").default)(_forward)
+    lowering(getattr(aten, f"avg_pool{_nd}d_backward").default)(_backward)
 
 
 @lowering(aten.avg_pool1d.default)
@@ -214,20 +220,6 @@ def _fractional_max_pool(x, kernel_size, output_size, samples):
 @lowering(aten.fractional_max_pool2d.default, aten.fractional_max_pool3d.default)
 def fractional_max_pool(x, kernel_size, output_size, random_samples):
     return _fractional_max_pool(x, list(kernel_size), list(output_size), random_samples)
-
-
-@lowering(aten.avg_pool3d.default)
-def avg_pool3d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
-    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3)
-
-
-@lowering(aten.avg_pool3d_backward.default)
-def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                        divisor_override):
-    _, vjp = jax.vjp(lambda v: avg_pool3d(v, kernel_size, stride, padding, ceil_mode,
-                                          count_include_pad, divisor_override), x)
-    return vjp(grad)[0]
 
 
 def _adaptive(x, output_size, reduce):
