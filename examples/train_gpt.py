@@ -68,6 +68,20 @@ class TinyGPT(nn.Module):
         return self.head(self.ln(self.blocks(x)))
 
 
+def next_token_loss(model, tokens):
+    """Cross-entropy of predicting each token from those before it."""
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+def update(loss, parameters, optimizer, max_norm=1.0):
+    """One optimizer step on `loss`, gradients clipped to `max_norm`."""
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
+    optimizer.step()
+
+
 def synthetic_tokens(num_samples, length, vocab, seed=0):
     """Sequences that count upwards mod `vocab` from a random start: learnable, but not
     before a few dozen steps."""
@@ -96,12 +110,8 @@ def main():
     @cstorch.trace
     def training_step(batch):
         (tokens,) = batch
-        logits = compiled(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
-        optimizer.step()
+        loss = next_token_loss(compiled, tokens)
+        update(loss, model.parameters(), optimizer)
         return loss
 
     @cstorch.step_closure

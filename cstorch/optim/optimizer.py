@@ -58,28 +58,18 @@ class Optimizer(torch.optim.Optimizer, ABC):
         return list(backend.optimizers)
 
     # the state, kept current with the device ---------------------------------------
-    @property
-    def state(self):
+    def _current(self, name):
+        """`name` from __dict__, after device values are copied back (outside a capture)."""
         backend = self.__dict__.get("_backend")
         if backend is not None and self.__dict__.get("_bound") is None:
             backend.state.sync_to_host()
-        return self.__dict__["_state"]
+        return self.__dict__[name]
 
-    @state.setter
-    def state(self, value):
-        self.__dict__["_state"] = value
-
-    @property
-    def param_groups(self):
-        # Groups can hold device state too (a scheduled lr tensor, the global step).
-        backend = self.__dict__.get("_backend")
-        if backend is not None and self.__dict__.get("_bound") is None:
-            backend.state.sync_to_host()
-        return self.__dict__["_param_groups"]
-
-    @param_groups.setter
-    def param_groups(self, value):
-        self.__dict__["_param_groups"] = value
+    # Groups hold device state too (a scheduled lr tensor, the global step).
+    state = property(lambda self: self._current("_state"),
+                     lambda self, value: self.__dict__.__setitem__("_state", value))
+    param_groups = property(lambda self: self._current("_param_groups"),
+                            lambda self, value: self.__dict__.__setitem__("_param_groups", value))
 
     @property
     def raw_param_groups(self):

@@ -8,10 +8,10 @@ from tests.conftest import ROOT
 
 SCRIPT = r"""
 import json, sys
-import torch, torch.nn.functional as F
+import torch
 import jax
 import cerebras.pytorch as cstorch
-from tests.foundation.models import TinyGPT
+from examples.train_gpt import TinyGPT, next_token_loss, update
 
 kind = sys.argv[1]
 torch.manual_seed(0)
@@ -22,11 +22,8 @@ optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 @cstorch.trace
 def step(tokens):
-    logits = compiled(tokens[:, :-1])
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
+    loss = next_token_loss(compiled, tokens)
+    update(loss, model.parameters(), optimizer)
     return loss
 
 g = torch.Generator().manual_seed(1)

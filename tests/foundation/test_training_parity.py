@@ -1,11 +1,11 @@
 """Traced training equals eager PyTorch: a small GPT and a CNN with BatchNorm."""
 import copy
 
-import pytest
 import torch
 import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
+from examples.train_gpt import next_token_loss, update
 from tests.foundation.models import SmallCNN, TinyGPT, rel_err
 
 TOL = 1e-4
@@ -30,23 +30,15 @@ def test_gpt_matches_eager_pytorch():
 
     @cstorch.trace
     def step(tokens):
-        logits = compiled(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
-        optimizer.step()
+        loss = next_token_loss(compiled, tokens)
+        update(loss, model.parameters(), optimizer)
         return loss
 
     ref_opt = _eager_sgd(reference, 0.1, 0.9)
     for tokens in batches:
         loss = step(tokens)
-        logits = reference(tokens[:, :-1])
-        ref_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-        ref_opt.zero_grad()
-        ref_loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(reference.parameters()), 1.0)
-        ref_opt.step()
+        ref_loss = next_token_loss(reference, tokens)
+        update(ref_loss, reference.parameters(), ref_opt)
         assert rel_err(loss, ref_loss.detach()) < TOL
     assert step.captures == 1
     ours, theirs = model.state_dict(), reference.state_dict()

@@ -6,8 +6,9 @@ import torch
 
 import cerebras.pytorch as cstorch
 
-FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                       os.pardir, "shared", "fixtures", "optim_trajectories.json")
+from tests.conftest import SHARED
+
+FIXTURE = os.path.join(SHARED, "fixtures", "optim_trajectories.json")
 with open(FIXTURE) as f:
     FIX = json.load(f)
 OPTIMIZERS = FIX["optimizers"]
@@ -46,6 +47,21 @@ class Linear(torch.nn.Module):
 
     def forward(self, x):
         return x @ self.w.t() + self.b
+
+
+def traced_step(compiled, optimizer, scheduler=None):
+    """A `@cstorch.trace` step on the fixture's loss: zero_grad, backward, step (and the
+    scheduler's step)."""
+    @cstorch.trace
+    def step(x, y):
+        optimizer.zero_grad()
+        loss = ((compiled(x) - y) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        return loss
+    return step
 
 
 def make_scheduler(name, optimizer, tags=None):

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import cerebras.pytorch as cstorch
-from tests.optim.common import OPT_CLASS, OPTIMIZERS, RTOL, Linear, loss_fn, problem, rel_err
+from tests.optim.common import (OPT_CLASS, OPTIMIZERS, RTOL, Linear, loss_fn, problem, rel_err,
+                                traced_step)
 
 
 def _check(entry, step_index, w, b, loss):
@@ -41,13 +42,7 @@ def test_traced_trajectory(entry):
     compiled = cstorch.compile(model)
     opt = getattr(cstorch.optim, OPT_CLASS[entry])(model.parameters(), **OPTIMIZERS[entry]["kwargs"])
 
-    @cstorch.trace
-    def step(x, y):
-        opt.zero_grad()
-        loss = ((compiled(x) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        return loss
+    step = traced_step(compiled, opt)
 
     worst = 0.0
     for i, (x, y) in enumerate(data):
@@ -86,13 +81,7 @@ def test_torch_optimizer_reached_through_a_closure_is_refused_too(cls):
     compiled = cstorch.compile(model)
     opt = cls(model.parameters(), lr=0.01)
 
-    @cstorch.trace
-    def step(x, y):
-        opt.zero_grad()
-        loss = ((compiled(x) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        return loss
+    step = traced_step(compiled, opt)
 
     with pytest.raises(TypeError, match=rf"cstorch\.optim\.{cls.__name__}"):
         step(*data[0])
@@ -120,13 +109,7 @@ def test_a_users_own_optimizer_with_a_global_step_runs_under_trace():
     compiled = cstorch.compile(model)
     opt = SignDescent(model.parameters(), lr=0.1)
 
-    @cstorch.trace
-    def train(x, y):
-        opt.zero_grad()
-        loss = ((compiled(x) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        return loss
+    train = traced_step(compiled, opt)
 
     before = model.w.detach().clone()
     for x, y in data[:3]:

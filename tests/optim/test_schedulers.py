@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import cerebras.pytorch as cstorch
-from tests.optim.common import RTOL, SCHEDULERS, Linear, make_scheduler, problem
+from tests.optim.common import RTOL, SCHEDULERS, make_scheduler
 
 
 def _close(actual, expected):
@@ -68,7 +68,7 @@ RUN = r"""
 import sys, torch
 sys.path.insert(0, {root!r})
 import cerebras.pytorch as cstorch
-from tests.optim.common import Linear, problem
+from tests.optim.common import Linear, problem, traced_step
 mode, path = sys.argv[1], sys.argv[2]
 cstorch.backend("CPU")
 w, b, data = problem()
@@ -77,14 +77,7 @@ compiled = cstorch.compile(model)
 opt = cstorch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
 sched = cstorch.optim.lr_scheduler.CosineDecayLR(opt, initial_learning_rate=0.01,
                                                  end_learning_rate=0.001, total_iters=12)
-@cstorch.trace
-def step(x, y):
-    opt.zero_grad()
-    loss = ((compiled(x) - y) ** 2).mean()
-    loss.backward()
-    opt.step()
-    sched.step()
-    return loss
+step = traced_step(compiled, opt, sched)
 batches = data + data
 start = 0
 if mode == "resume":

@@ -4,7 +4,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import types
 
 import pytest
