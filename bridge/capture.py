@@ -13,7 +13,8 @@ import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 from torch._decomp import core_aten_decompositions, decomposition_table
-from torch._subclasses.fake_tensor import FakeTensorMode
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
@@ -28,10 +29,14 @@ _VALUE_READS = {
 }
 
 
-class _RefuseValueReads(TorchFunctionMode):
-    def __init__(self, hint: str):
+class _CaptureMode(TorchFunctionMode):
+    """Refuses value reads; hands every real (not traced) tensor argument to `tensor_hook`,
+    which returns what the op should see instead (its traced stand-in) or raises."""
+
+    def __init__(self, hint: str, tensor_hook=None):
         super().__init__()
         self.hint = hint
+        self.tensor_hook = tensor_hook
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in _VALUE_READS:
@@ -39,7 +44,12 @@ class _RefuseValueReads(TorchFunctionMode):
             raise TensorValueReadError(
                 f"a tensor's value was read ({name}) while the step was being traced, but "
                 f"tensor values are not known until the step runs. {self.hint}")
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if self.tensor_hook is not None:
+            args, kwargs = pytree.tree_map_only(
+                torch.Tensor, lambda t: t if isinstance(t, FakeTensor) else self.tensor_hook(t),
+                (args, kwargs))
+        return func(*args, **kwargs)
 
 
 # Ops whose schema hides an in-place update from functionalisation (native_batch_norm
@@ -68,7 +78,7 @@ def decompositions():
 def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
             requires_grad: Sequence[bool] | None = None, *,
             value_read_hint: str = "Read values after the step instead.",
-            check_lowerings: bool = True) -> fx.GraphModule:
+            check_lowerings: bool = True, tensor_hook=None) -> fx.GraphModule:
     """Trace ``fn(*inputs) -> sequence of tensors`` into a functional core-ATen graph.
 
     `inputs` give shapes and dtypes only; `fn` runs on fake tensors and never sees their
@@ -78,6 +88,8 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     matters. Reading a tensor's value inside `fn` raises `TensorValueReadError` with
     `value_read_hint` appended. With `check_lowerings`, an op that has no JAX lowering
     raises `LoweringError` here, naming the op, its overload and the user's source line.
+    `tensor_hook(t)` sees every real tensor an op inside `fn` receives (one `fn` closed
+    over rather than took as an input) and returns the tensor the op uses in its place.
     """
     requires_grad = list(requires_grad or [False] * len(inputs))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -95,7 +107,7 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
         return list(fn(*args))
 
     _anchor_stack_traces(fn)
-    with fake_mode, _RefuseValueReads(value_read_hint):
+    with fake_mode, _CaptureMode(value_read_hint, tensor_hook):
         with torch.enable_grad():
             autograd_graph = make_fx(flat_fn, decomposition_table=_HIDDEN_MUTATIONS,
                                      record_stack_traces=True)(*fakes(requires_grad))

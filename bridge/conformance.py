@@ -31,7 +31,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import bridge
-from bridge.dtypes import jax_to_tensor, tensor_to_jax
+from bridge.convert import jax_to_tensor, tensor_to_jax
 from bridge.errors import DataDependentShapeError
 
 # (rtol, atol): a little looser than torch.testing's defaults, since XLA and ATen use

@@ -14,7 +14,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from bridge.capture import capture, decompositions
-from bridge.dtypes import tensor_to_jax
+from bridge.convert import tensor_to_jax
 from bridge.lower import check_lowerable, lower
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 from torch._ops import OpOverload
 
-from bridge.dtypes import tensor_to_jax, to_jax_dtype
+from bridge.convert import tensor_to_jax, to_jax_dtype
 from bridge.errors import LoweringError
 from bridge.ops import LOWERINGS
 from bridge.ops.random import key_stream

@@ -7,7 +7,7 @@ from cstorch.backend import backend, current_backend, current_torch_device, use_
 from cstorch.compile import compile
 from cstorch.storage import load, save
 from cstorch.storage import full, full_like, ones, ones_like, zeros, zeros_like
-from cstorch.trace import TracedStep, JaxStep
+from cstorch.tracing import JaxStep, TracedStep
 from cstorch.utils.data.executor import current_executor
 from cstorch.utils.numpy import from_numpy, to_numpy
 from cstorch.utils.step_closures import checkpoint_closure, step_closure

@@ -8,7 +8,7 @@ import torch
 
 import wafer
 from cstorch.backends import csx
-from cstorch.state import DeviceState
+from cstorch.state import RunState
 
 _PARAMS = {
     "CSX": {"artifact_dir": None, "compile_dir": "/opt/cerebras/cached_compile",
@@ -76,7 +76,7 @@ class Backend:
         if values.get("cluster_config") is not None:
             num_systems = getattr(values["cluster_config"], "num_csx", 1)
         self.mesh = wafer.make_mesh(self.devices, num_systems)
-        self.state = DeviceState(self)
+        self.state = RunState(self)
         self.modules: list[torch.nn.Module] = []    # compiled modules, in compile order
         self.optimizers: list = []                  # cstorch optimizers, in creation order
         self.step_count = 0  # steps run by this backend, for per-step PRNG keys

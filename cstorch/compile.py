@@ -37,6 +37,11 @@ def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = Non
     """Prepare `model` for tracing: from here on the backend owns its parameters and
     buffers. Initialise parameters before calling this.
 
+    The module's parameters and buffers are replaced by device tensors of the same values
+    (still `torch.nn.Parameter`s): every later read or write of them, through `.data`,
+    in-place ops, `load_state_dict` or `nn.init`, reaches the device value. Tensors taken
+    from the module before this call are the old, host ones.
+
     `backend` is a Backend, a backend type ("CPU", "CSX", "GPU"), or None for the current
     backend (a CPU backend is created if there is none).
     """
@@ -52,7 +57,6 @@ def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = Non
         raise TypeError(f"backend must be a cstorch backend, a backend type or None, got {backend!r}")
     if any(m is model for m in backend.modules):
         raise RuntimeError("this module has already been compiled on this backend")
-    prefix = "model" if not backend.modules else f"model{len(backend.modules)}"
     backend.modules.append(model)
-    backend.state.register_module(model, prefix)
+    backend.state.refresh()
     return CompiledModule(model, backend)

@@ -1,171 +1,208 @@
-"""The run's state on the device, and the torch tensors that are a view of it.
+"""The run's state: every tensor a step reads or writes, owned by name on the device.
 
-The backend owns every registered parameter, buffer and optimizer-state tensor as a
-`jax.Array`. The torch tensors keep their identity (optimizers and user code hold them)
-and are brought up to date only when something reads them: module attribute access,
-`parameters()`, `state_dict()`, `optimizer.state`. Writes go the other way through the
-tensor's version counter: a tensor changed on the torch side since its last sync is
-uploaded before the next step.
+Each piece of state is a `Cell` (`bridge.device_tensor`) holding one `jax.Array`, named
+after the first place that holds it (``model.0.weight``, ``optimizer.state.0.momentum_buffer``,
+``optimizer.param_groups.0.lr``, ``optimizer.lr_scheduler0.last_epoch``). The torch side
+holds `DeviceTensor`s of those cells, so no write path can leave the two apart.
+
+An `Entry` is one place that holds a state tensor: a key of a dict (a module's
+`_parameters` or `_buffers`, an optimizer's per-parameter state, a param group, a
+scheduler's counters) or an index of a list (a param group's `params`). Entries read and
+write their torch-side tensor; that single protocol serves modules, optimizers and
+schedulers alike. A tensor found at an entry that is not one of the run's device tensors
+(a new `nn.Parameter` assigned to a module, a state tensor loaded by `load_state_dict`)
+is adopted: uploaded into a cell and replaced by a device tensor of it.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import jax
 import jax.numpy as jnp
 import torch
 
 import wafer
-from bridge import jax_to_tensor, tensor_to_numpy, to_jax_dtype
+from bridge import tensor_to_jax, to_jax_dtype
+from bridge.device_tensor import Cell, DeviceTensor
 
 
 @dataclass
-class Slot:
+class Entry:
     name: str
+    table: object     # the dict or list that holds the tensor
+    key: object
     tensor: torch.Tensor
-    locations: list = field(default_factory=list)  # (dict, key) pairs that hold `tensor`
-    version: int = -1  # the tensor's _version when it last matched the device
+    cell: int = -1    # index into RunState.cells
+
+    def get(self):
+        return self.table[self.key] if isinstance(self.table, list) else dict.__getitem__(self.table, self.key)
+
+    def set(self, value):
+        if isinstance(self.table, list):
+            self.table[self.key] = value
+        else:
+            dict.__setitem__(self.table, self.key, value)
 
 
-class DeviceState:
+class TrackedTable(dict):
+    """A compiled module's `_parameters`, `_buffers` or `_modules`: an assignment or removal
+    (a new Parameter, a replaced submodule, weights tied after compile) marks the run's
+    state for re-registration before the next step."""
+
+    def __init__(self, table, state: "RunState"):
+        super().__init__(table)
+        self.state = state
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.state.dirty = True
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self.state.dirty = True
+
+    def pop(self, *args):
+        self.state.dirty = True
+        return super().pop(*args)
+
+    def __reduce_ex__(self, protocol):
+        return dict, (dict(self.items()),)
+
+
+class RunState:
+    """Every state cell of a backend, its entries, and the names that key them."""
+
     def __init__(self, backend):
         self.backend = backend
-        self.slots: list[Slot] = []
-        self._by_id: dict[int, int] = {}
-        self.arrays: list = []
-        self.device_newer = False
+        self.cells: list[Cell] = []
+        self.names: list[str] = []
+        self.entries: list[Entry] = []
+        self.dirty = False
+        # Bumped whenever the set of cells or entries changes: programs are keyed by it.
+        self.version = 0
         self.capturing = False
+        self.index: dict[int, int] = {}  # id(cell) -> its position in `cells`
+        self._submodules: list = []
+        # During a refresh: id(host tensor) -> (host tensor, device tensor that replaced it),
+        # so a tensor held in two places (tied weights, an optimizer's params) stays one cell.
+        self._replaced = {}
 
     # registration ------------------------------------------------------------------
-    def add(self, name: str, tensor: torch.Tensor, location=None) -> int:
-        index = self._by_id.get(id(tensor))
-        if index is None:
-            index = len(self.slots)
-            self.slots.append(Slot(name, tensor))
-            self._by_id[id(tensor)] = index
-            self.arrays.append(None)
-        if location is not None and location not in self.slots[index].locations:
-            self.slots[index].locations.append(location)
-        return index
+    def refresh(self):
+        """Walk every compiled module and optimizer, adopt what is new, rebuild the entries."""
+        self.dirty = False
+        self._replaced = {}
+        index: dict[int, int] = {}
+        cells, names, entries = [], [], []
 
-    def index_of(self, tensor) -> int | None:
-        return self._by_id.get(id(tensor))
+        def add(name, table, key, tensor):
+            tensor = self._adopt(table, key, tensor)
+            i = index.get(id(tensor.cell))
+            if i is None:
+                i = index[id(tensor.cell)] = len(cells)
+                cells.append(tensor.cell)
+                names.append(name)
+            entries.append(Entry(name, table, key, tensor, i))
 
-    def slot_of_location(self, location) -> int:
-        for i, slot in enumerate(self.slots):
-            if location in slot.locations:
-                return i
-        raise KeyError(location)
+        submodules = []
+        for prefix, module in self._modules():
+            for mod_name, sub in module.named_modules(remove_duplicate=False):
+                submodules.append(sub)
+                for kind in ("_parameters", "_buffers", "_modules"):
+                    if not isinstance(sub.__dict__[kind], TrackedTable):
+                        sub.__dict__[kind] = TrackedTable(sub.__dict__[kind], self)
+                for kind in ("_parameters", "_buffers"):
+                    table = sub.__dict__[kind]
+                    for key, tensor in list(dict.items(table)):
+                        if tensor is not None:
+                            add(".".join(p for p in (prefix, mod_name, key) if p), table, key, tensor)
+        replaced = {k: v for k, (_, v) in self._replaced.items()}
+        for opt in self.backend.optimizers:
+            for name, table, key, tensor in opt.state_entries(replaced):
+                add(name, table, key, tensor)
+        self._replaced = {}
+        changed = [id(c) for c in cells] != [id(c) for c in self.cells] or \
+            [(e.cell, id(e.table), e.key) for e in entries] != \
+            [(e.cell, id(e.table), e.key) for e in self.entries]
+        self.cells, self.names, self.entries = cells, names, entries
+        self.index = index
+        self._submodules = submodules
+        if changed:
+            self.version += 1
 
-    def bind_location(self, name: str, location, tensor: torch.Tensor) -> int:
-        """Make `tensor` the state held at `location`, replacing what was there."""
-        for i, slot in enumerate(self.slots):
-            if location in slot.locations:
-                if slot.tensor is not tensor:
-                    self._retarget(i, tensor)
-                return i
-        return self.add(name, tensor, location)
+    def modules(self):
+        """Every submodule of the compiled modules (their train/eval flags key programs)."""
+        return self._submodules
 
-    def _retarget(self, i, tensor):
-        self.sync_to_host()
-        slot = self.slots[i]
-        del self._by_id[id(slot.tensor)]
-        slot.tensor, slot.version = tensor, -1
-        self._by_id[id(tensor)] = i
-        self.arrays[i] = None
+    def _modules(self):
+        mods = self.backend.modules
+        return [("model" if i == 0 else f"model{i}", m) for i, m in enumerate(mods)]
 
-    def register_module(self, module: torch.nn.Module, prefix: str):
-        for mod_name, sub in module.named_modules(remove_duplicate=False):
-            for kind in ("_parameters", "_buffers"):
-                table = sub.__dict__[kind]
-                if not isinstance(table, SyncedDict):
-                    table = SyncedDict(table, self)
-                    sub.__dict__[kind] = table
-                for key, tensor in dict.items(table):
-                    if tensor is None:
-                        continue
-                    full = ".".join(p for p in (prefix, mod_name, key) if p)
-                    self.add(full, tensor, (id(table), key))
-                    table.slot_keys.add(key)
+    def _adopt(self, table, key, tensor):
+        """The run's device tensor for what `table[key]` holds, uploading it if needed."""
+        if isinstance(tensor, DeviceTensor) and not tensor.is_view:
+            return tensor
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"state entry {key!r} holds a {type(tensor).__name__}, not a tensor")
+        if id(tensor) in self._replaced:
+            device = self._replaced[id(tensor)][1]
+            if isinstance(table, list):
+                table[key] = device
+            else:
+                dict.__setitem__(table, key, device)
+            return device
+        sharding = wafer.state_sharding(self.backend.mesh, tuple(tensor.shape))
+        cell = Cell(_to_device(tensor, sharding), tensor.dtype)
+        device = DeviceTensor(cell)
+        if isinstance(tensor, torch.nn.Parameter):
+            device = torch.nn.Parameter(device, requires_grad=tensor.requires_grad)
+        elif tensor.requires_grad:
+            device.requires_grad_(True)
+        if isinstance(table, list):
+            table[key] = device
+        else:
+            dict.__setitem__(table, key, device)
+        self._replaced[id(tensor)] = (tensor, device)
+        return device
 
-    def replace(self, table, key, tensor):
-        """A module attribute was re-assigned: the slot now holds the new tensor."""
-        for i, slot in enumerate(self.slots):
-            if (id(table), key) in slot.locations:
-                self._retarget(i, tensor)
-                return
+    def sync(self):
+        """Before a step: adopt whatever the torch side put in place of a state tensor."""
+        if self.dirty or any(e.get() is not e.tensor for e in self.entries):
+            self.refresh()
 
-    # synchronisation ---------------------------------------------------------------
-    def sync_to_host(self):
-        """Copy device values into the torch tensors, if a step changed them."""
-        if not self.device_newer or self.capturing:
-            return
-        self.device_newer = False
-        for slot, array in zip(self.slots, self.arrays):
-            if array is None:
-                continue
-            with torch.no_grad():
-                slot.tensor.copy_(jax_to_tensor(array, slot.tensor.dtype))
-            slot.version = slot.tensor._version
+    def cell_of(self, tensor) -> int | None:
+        if isinstance(tensor, DeviceTensor) and not tensor.is_view:
+            return self.index.get(id(tensor.cell))
+        return None
 
-    def device_arrays(self) -> list:
-        """The state as device arrays, uploading tensors changed on the torch side."""
-        for i, slot in enumerate(self.slots):
-            if self.arrays[i] is None or slot.tensor._version != slot.version:
-                if self.device_newer and self.arrays[i] is not None:
-                    raise RuntimeError(
-                        f"{slot.name} was changed in place on the torch side while newer values "
-                        "from the device had not been read back; read the tensor (for example "
-                        "through state_dict()) before modifying it")
-                sharding = wafer.state_sharding(self.backend.mesh, tuple(slot.tensor.shape))
-                self.arrays[i] = _to_device(slot.tensor, sharding)
-                slot.version = slot.tensor._version
-        return list(self.arrays)
+    # values ------------------------------------------------------------------------
+    def arrays(self) -> dict:
+        return {name: cell.array for name, cell in zip(self.names, self.cells)}
 
-    def update(self, arrays):
-        self.arrays = list(arrays)
-        self.device_newer = True
+    def load(self, arrays: dict):
+        """Replace values by name (a restored checkpoint)."""
+        for name, cell in zip(self.names, self.cells):
+            cell.array = arrays[name]
+
+    def tensor(self, name) -> torch.Tensor:
+        """The device tensor of the cell called `name`."""
+        i = self.names.index(name)
+        return next(e.tensor for e in self.entries if e.cell == i)
+
+    def grad_flags(self):
+        """Per cell: whether its tensor requires a gradient."""
+        flags = [False] * len(self.cells)
+        for e in self.entries:
+            if e.tensor.requires_grad:
+                flags[e.cell] = True
+        return flags
 
 
 def _to_device(tensor, sharding):
     """A state tensor as a device array. A lazily created full tensor (`cstorch.zeros`,
     ...) that was never materialised is built on the device, never on the host."""
     from cstorch.storage.creation import DeferredFullTensor
-    if isinstance(tensor, DeferredFullTensor) and tensor._value is None:
+    if isinstance(tensor, DeferredFullTensor) and not tensor.is_materialized:
         return jnp.full(tuple(tensor.shape), tensor.fill_value, to_jax_dtype(tensor.dtype),
                         device=sharding)
-    return jax.device_put(tensor_to_numpy(tensor), sharding)
+    if isinstance(tensor, DeviceTensor):
+        tensor = tensor.host()
+    return tensor_to_jax(tensor.detach(), sharding)
 
-
-class SyncedDict(dict):
-    """A module's `_parameters`/`_buffers` table that brings values up to date on read."""
-
-    def __init__(self, table, state: DeviceState):
-        super().__init__(table)
-        self.state = state
-        self.slot_keys = set()
-
-    def _sync(self):
-        self.state.sync_to_host()
-
-    def __getitem__(self, key):
-        self._sync()
-        return super().__getitem__(key)
-
-    def get(self, key, default=None):
-        self._sync()
-        return super().get(key, default)
-
-    def items(self):
-        self._sync()
-        return super().items()
-
-    def values(self):
-        self._sync()
-        return super().values()
-
-    def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        if key in self.slot_keys and value is not None and not self.state.capturing:
-            self.state.replace(self, key, value)
-
-    def __reduce_ex__(self, protocol):
-        return dict, (dict(super().items()),)

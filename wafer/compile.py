@@ -11,37 +11,48 @@ from wafer.layout import batch_sharding, replicated, state_sharding
 
 @dataclass
 class CompiledStep:
-    """An XLA executable of ``fn(state, inputs, rng) -> (new_state, outputs)``."""
+    """An XLA executable of ``fn(state, grads, hyper, inputs, rng) -> (state, grads, outputs)``."""
     executable: Any
+    traced: Any
     lowered: Any
-    state_shardings: Any
-    input_shardings: Any
+    input_shardings: list   # of the call's tensor inputs
 
-    def __call__(self, state, inputs, key):
-        return self.executable(state, inputs, key)
+    def __call__(self, *args):
+        return self.executable(*args)
+
+    def jaxpr(self):
+        return self.traced.jaxpr
 
 
-def compile_step(fn: Callable, state, inputs, key, *, mesh, artifact_dir: str | None = None,
+def compile_step(fn: Callable, args, *, mesh, artifact_dir: str | None = None,
                  name: str = "step") -> CompiledStep:
-    """Jit `fn` for `mesh` (state laid over the grid, inputs split over the batch), donating
-    the old state, and compile it ahead of time so later calls never retrace or recompile."""
-    state_sh = jax.tree.map(lambda a: state_sharding(mesh, a.shape), state)
-    input_sh = [batch_sharding(mesh, getattr(x, "shape", ())) for x in inputs]
-    jitted = jax.jit(fn, in_shardings=(state_sh, input_sh, replicated(mesh)),
-                     out_shardings=(state_sh, None), donate_argnums=(0,))
-    lowered = jitted.lower(state, inputs, key)
+    """Jit `fn` for `mesh` and compile it ahead of time, so later calls never retrace.
+
+    `args` are example arguments ``(state, grads, hyper, inputs, rng)``: state and
+    gradients (lists of arrays) are laid over the grid (the old state donated), the hyperparameter
+    vector and the PRNG pair replicated, inputs split over the batch. One trace gives the
+    jaxpr, the lowering and the executable, and the artifacts written from them.
+    """
+    state, grads, hyper, inputs, rng = args
+    state_sh = [state_sharding(mesh, tuple(a.shape)) for a in state]
+    grad_sh = [state_sharding(mesh, tuple(a.shape)) for a in grads]
+    input_sh = [batch_sharding(mesh, tuple(getattr(x, "shape", ()))) for x in inputs]
+    jitted = jax.jit(fn, in_shardings=(state_sh, grad_sh, replicated(mesh), input_sh, replicated(mesh)),
+                     out_shardings=(state_sh, None, None), donate_argnums=(0,))
+    traced = jitted.trace(*args)
+    lowered = traced.lower()
     executable = lowered.compile()
     if artifact_dir:
-        write_artifacts(fn, lowered, executable, (state, inputs, key), artifact_dir, name)
-    return CompiledStep(executable, lowered, state_sh, input_sh)
+        write_artifacts(traced, lowered, executable, artifact_dir, name)
+    return CompiledStep(executable, traced, lowered, input_sh)
 
 
-def write_artifacts(fn, lowered, executable, args, artifact_dir: str, name: str):
+def write_artifacts(traced, lowered, executable, artifact_dir: str, name: str):
     """jaxpr, StableHLO, optimised HLO and cost/memory analysis of one compiled step."""
     os.makedirs(artifact_dir, exist_ok=True)
     path = lambda ext: os.path.join(artifact_dir, f"{name}.{ext}")  # noqa: E731
     with open(path("jaxpr.txt"), "w") as f:
-        f.write(str(jax.make_jaxpr(fn)(*args)))
+        f.write(str(traced.jaxpr))
     with open(path("stablehlo.mlir"), "w") as f:
         f.write(lowered.as_text())
     with open(path("hlo.txt"), "w") as f:

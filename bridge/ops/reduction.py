@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from bridge.dtypes import to_jax_dtype
+from bridge.convert import to_jax_dtype
 from bridge.ops.registry import canonical_dim, lowering, scalar_as_vector
 
 aten = torch.ops.aten

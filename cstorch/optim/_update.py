@@ -3,8 +3,18 @@
 Every rule here works on plain torch tensors with in-place ops, so one implementation
 serves eager steps and traced ones: in a traced step the state tensors are the traced
 stand-ins and their in-place updates become the step's new state. Hyperparameters may be
-floats or tensors (a scheduler writes a tensor ``lr`` into each param group).
+floats or tensors: a scheduler writes a tensor ``lr`` into each param group, and a traced
+step receives every nonzero float hyperparameter (and each nonzero float of a tuple such as
+``betas``) as a 0-d float32 tensor, whose value is unknown while the step is traced. A
+hyperparameter that is 0 stays the Python number, so it may still decide the structure of
+a step. Hence the rules below never branch on a hyperparameter's value unless it is a
+number (`is_set`), and never hand a tensor hyperparameter to an argument torch reads as a
+Python number (``alpha=``, ``value=``, mixed tensor/number clamp bounds, ``math``
+functions): the helpers here take either, using the plain scalar form for numbers (so
+float hyperparameters give exactly the results they always did) and tensor arithmetic for
+tensors.
 """
+import contextvars
 from abc import abstractmethod
 
 import torch
@@ -16,6 +26,27 @@ def counter() -> torch.Tensor:
     """A fresh step counter. A float32 tensor, so it can live in the traced state and be
     mixed into float arithmetic directly; it counts exactly up to 2**24 steps."""
     return torch.tensor(0.0)
+
+
+# A traced step receives each nonzero float hyperparameter as a float32 scalar together with
+# its complement ``1 - x`` computed in double precision: float32(0.999) is off by 1.3e-8,
+# but 1 - float32(0.999) by 1.3e-5 relative, an error moving averages would carry.
+complements = contextvars.ContextVar("cstorch_hyper_complements", default=None)
+
+
+def one_minus(x):
+    """``1 - x`` for a hyperparameter: a traced one's complement as computed on the host."""
+    if isinstance(x, torch.Tensor):
+        table = complements.get()
+        if table is not None and id(x) in table:
+            return table[id(x)]
+    return 1 - x
+
+
+def is_set(x) -> bool:
+    """Whether hyperparameter `x` takes effect: always for a tensor (its value may be a
+    traced one, and a zero hyperparameter would have stayed a number), else ``x != 0``."""
+    return True if isinstance(x, torch.Tensor) else x != 0
 
 
 def scale(x, factor):
@@ -31,25 +62,73 @@ def subtract_scaled(p, update, factor):
         p.add_(update, alpha=-factor)
 
 
+# With a tensor factor the helpers below use ``addcmul`` against the 0-d factor, which
+# rounds as ``add(alpha=...)`` and ``addcmul(value=...)`` do with a float one (one fused
+# multiply-add on CPU), so eager results with a float32 tensor hyperparameter equal those
+# with the same float bit for bit.
+
+def add_scaled(x, y, factor):
+    """``x + factor * y`` as a new tensor, `factor` a float or a tensor."""
+    if isinstance(factor, torch.Tensor):
+        return torch.addcmul(x, y, factor)
+    return x.add(y, alpha=factor)
+
+
+def add_scaled_(x, y, factor):
+    """``x += factor * y`` in place, `factor` a float or a tensor."""
+    if isinstance(factor, torch.Tensor):
+        return x.addcmul_(y, factor)
+    return x.add_(y, alpha=factor)
+
+
+def add_product_(x, a, b, factor):
+    """``x += factor * a * b`` in place (`addcmul_`), `factor` a float or a tensor."""
+    if isinstance(factor, torch.Tensor):
+        return x.addcmul_(a * factor, b)
+    return x.addcmul_(a, b, value=factor)
+
+
+def clamp(x, low=None, high=None):
+    """``torch.clamp(x, low, high)`` where either bound may be a number, a tensor or None.
+
+    torch takes both bounds as numbers or both as tensors; one bound at a time takes a mix
+    (and gives the same values, also when ``low > high``)."""
+    if not isinstance(low, torch.Tensor) and not isinstance(high, torch.Tensor):
+        return torch.clamp(x, low, high)
+    if low is not None:
+        x = torch.clamp(x, min=low)
+    if high is not None:
+        x = torch.clamp(x, max=high)
+    return x
+
+
+def full_like(x, value):
+    """``torch.full_like(x, value)`` for a float or 0-d tensor `value` (torch would read a
+    tensor's value as a Python number)."""
+    if isinstance(value, torch.Tensor):
+        return torch.zeros_like(x) + value
+    return torch.full_like(x, value)
+
+
 def decay_weights(p, lr, weight_decay):
     """Decoupled weight decay: ``p *= 1 - lr * weight_decay``."""
-    if weight_decay != 0:
+    if is_set(weight_decay):
         p.mul_(1 - lr * weight_decay)
 
 
 def l2_regularize(grad, p, rate):
     """The gradient of an added ``rate / 2 * |p|^2`` term, folded into `grad`."""
-    return grad.add(p, alpha=rate) if rate != 0 else grad
+    return add_scaled(grad, p, rate) if is_set(rate) else grad
 
 
 def ema_(avg, value, beta):
     """``avg = beta * avg + (1 - beta) * value`` in place."""
-    avg.mul_(beta).add_(value, alpha=1 - beta)
+    add_scaled_(avg.mul_(beta), value, one_minus(beta))
 
 
 def ema_sq_(avg, value, beta):
     """``avg = beta * avg + (1 - beta) * value**2`` in place."""
-    avg.mul_(beta).addcmul_(value, value, value=1 - beta)
+    add_product_(avg.mul_(beta), value, value, one_minus(beta))
 
 
 def check(name, value, low=0.0, high=None, strict_high=False):

@@ -50,7 +50,7 @@ class Adafactor(U.ElementwiseOptimizer):
         else:
             lr = group["lr"]
         if group["scale_parameter"]:
-            lr = U.scale(torch.clamp(_rms(p), min=group["eps"][1]), lr)
+            lr = U.scale(U.clamp(_rms(p), low=group["eps"][1]), lr)
         return lr
 
     def update(self, p, grad, group, state):
@@ -73,6 +73,6 @@ class Adafactor(U.ElementwiseOptimizer):
         if group["beta1"] is not None:
             U.ema_(state["exp_avg"], update, group["beta1"])
             update = state["exp_avg"]
-        if group["weight_decay"] != 0:
+        if U.is_set(group["weight_decay"]):
             p.sub_(U.scale(p, U.scale(lr, group["weight_decay"])))
         p.sub_(update)

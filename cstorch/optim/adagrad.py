@@ -24,7 +24,7 @@ class Adagrad(U.ElementwiseOptimizer):
 
     def init_state(self, p, group):
         return {"step": U.counter(),
-                "sum": torch.full_like(p, group["initial_accumulator_value"])}
+                "sum": U.full_like(p, group["initial_accumulator_value"])}
 
     def update(self, p, grad, group, state):
         state["step"].add_(1)

@@ -28,8 +28,8 @@ class Lamb(U.ElementwiseOptimizer):
         U.ema_(state["exp_avg"], grad, beta1)
         U.ema_sq_(state["exp_avg_sq"], grad, beta2)
         adam_step = state["exp_avg"] / (state["exp_avg_sq"].sqrt() + group["eps"])
-        if group["weight_decay"] != 0:
-            adam_step = adam_step.add(p, alpha=group["weight_decay"])
+        if U.is_set(group["weight_decay"]):
+            adam_step = U.add_scaled(adam_step, p, group["weight_decay"])
         if group["adam"]:
             U.subtract_scaled(p, adam_step, group["lr"])
             return

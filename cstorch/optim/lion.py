@@ -24,6 +24,6 @@ class Lion(U.ElementwiseOptimizer):
     def update(self, p, grad, group, state):
         beta1, beta2 = group["betas"]
         U.decay_weights(p, group["lr"], group["weight_decay"])
-        direction = (state["exp_avg"] * beta1 + grad * (1 - beta1)).sign()
+        direction = (state["exp_avg"] * beta1 + grad * U.one_minus(beta1)).sign()
         U.subtract_scaled(p, direction, group["lr"])
         U.ema_(state["exp_avg"], grad, beta2)

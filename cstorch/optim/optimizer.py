@@ -2,7 +2,11 @@
 
 Its state exists before the first step (each optimizer creates it in `preinitialize`), so
 a traced step sees optimizer state as inputs like any other state and returns it updated.
+Once the optimizer is created, its state tensors, its tensor-valued param-group entries
+and its schedules' counters are state of the run (`cstorch.state`): device tensors that
+every read and write reaches.
 """
+import contextlib
 from abc import ABC, abstractmethod
 from collections import defaultdict
 
@@ -16,25 +20,27 @@ class Optimizer(torch.optim.Optimizer, ABC):
 
     Subclasses call ``super().__init__(params, defaults)``, create every state tensor in
     `preinitialize` (zeros with `torch.zeros_like`, say) and implement `step` with
-    ordinary torch ops, which run eagerly or inside a traced step alike.
+    ordinary torch ops, which run eagerly or inside a traced step alike. In a traced step,
+    nonzero float hyperparameters (lr, momentum, each of the betas, ...) are 0-d tensors,
+    so that changing them between steps reuses the compiled program.
     """
 
     def __init__(self, params, defaults, enable_global_step: bool = False):
         super().__init__(params, defaults)
         # Tensors that schedules of this optimizer keep (an LR scheduler's step counter):
         # device state like the optimizer's own, but outside its state_dict.
-        self.schedule_state = {}
+        self.schedule_state = _Notifying(self)
         self.enable_global_step = enable_global_step
         if enable_global_step:
             for group in self.param_groups:
                 group["step"] = torch.tensor(0.0)
         with torch.no_grad():
             self.preinitialize()
-        self._bound = None
         self._backend = current_backend_impl(create=True)
         self._backend.optimizers.append(self)
         self._prefix = ("optimizer" if len(self._backend.optimizers) == 1
                         else f"optimizer{len(self._backend.optimizers) - 1}")
+        self._backend.state.refresh()
 
     def increment_global_step(self, group) -> torch.Tensor:
         """Advance and return the param group's step counter (`enable_global_step=True`):
@@ -53,121 +59,98 @@ class Optimizer(torch.optim.Optimizer, ABC):
     def step(self, closure=None):
         """Update the parameters from their gradients."""
 
-    @staticmethod
-    def registered(backend):
-        return list(backend.optimizers)
-
-    # the state, kept current with the device ---------------------------------------
-    def _current(self, name):
-        """`name` from __dict__, after device values are copied back (outside a capture)."""
-        backend = self.__dict__.get("_backend")
-        if backend is not None and self.__dict__.get("_bound") is None:
-            backend.state.sync_to_host()
-        return self.__dict__[name]
-
-    # Groups hold device state too (a scheduled lr tensor, the global step).
-    state = property(lambda self: self._current("_state"),
-                     lambda self, value: self.__dict__.__setitem__("_state", value))
-    param_groups = property(lambda self: self._current("_param_groups"),
-                            lambda self, value: self.__dict__.__setitem__("_param_groups", value))
-
-    @property
-    def raw_param_groups(self):
-        """The param groups without bringing their tensors up to date (no host copy)."""
-        return self.__dict__["_param_groups"]
-
-    def __setstate__(self, state):
-        # torch writes `state` straight into __dict__ on load; keep it behind the property.
-        state = dict(state)
-        if "state" in state:
-            self.__dict__["_state"] = state.pop("state")
-        if "param_groups" in state:
-            self.__dict__["_param_groups"] = state.pop("param_groups")
-        super().__setstate__(state)
-
     def _params(self):
         return [p for group in self.param_groups for p in group["params"]]
 
-    def _state_locations(self):
-        """(slot name, location, tensor) of every state tensor, in state_dict order."""
-        for i, p in enumerate(self._params()):
-            for key, value in self.__dict__["_state"].get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    yield f"{self._prefix}.state.{i}.{key}", ("optimizer", id(self), i, key), value
-        for g, group in enumerate(self.param_groups):
-            for key, value in group.items():
-                if key != "params" and isinstance(value, torch.Tensor):
-                    yield (f"{self._prefix}.param_groups.{g}.{key}", ("optimizer-group", id(self), g, key),
-                           value)
-        for key, value in self.__dict__.get("schedule_state", {}).items():
-            yield f"{self._prefix}.{key}", ("optimizer-schedule", id(self), key), value
-
-    def register_state(self, device_state):
-        """Make every state tensor a slot of the device state (again, after a load)."""
-        for p in self._params():
-            if device_state.index_of(p) is None:
-                raise RuntimeError(
-                    "the optimizer holds a parameter that belongs to no compiled module; "
-                    "call cstorch.compile(model) before creating the optimizer for its parameters")
-        for name, location, tensor in self._state_locations():
-            device_state.bind_location(name, location, tensor)
-
-    def bind(self, device_state, traced):
-        params = self._params()
-        self._bound = ([list(g["params"]) for g in self.param_groups], self.__dict__["_state"],
-                       [dict(g) for g in self.param_groups], dict(self.schedule_state))
-        swap = {id(p): traced[device_state.index_of(p)] for p in params}
-        new_state = defaultdict(dict)
-        for p in params:
-            for key, value in self.__dict__["_state"].get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    value = traced[device_state.index_of(value)]
-                new_state[swap[id(p)]][key] = value
+    # the state protocol ------------------------------------------------------------
+    def state_entries(self, replaced: dict):
+        """(name, table, key, tensor) of every tensor this optimizer holds, named as in
+        its state_dict. Parameters that the run replaced by device tensors (at compile or
+        adoption) are replaced here too, the per-parameter state re-keyed with them.
+        Parameters on the host (an optimizer used eagerly, outside any compiled module)
+        and their state are left alone: `on_device` tells whether a traced step may use it."""
+        from bridge.device_tensor import DeviceTensor
+        rekey = {}
         for group in self.param_groups:
-            group["params"] = [swap[id(p)] for p in group["params"]]
-            for key, value in list(group.items()):
-                if key != "params" and isinstance(value, torch.Tensor):
-                    group[key] = traced[device_state.index_of(value)]
-        self.__dict__["_state"] = new_state
-        for key, value in list(self.schedule_state.items()):
-            self.schedule_state[key] = traced[device_state.index_of(value)]
-        self._slot_of = {loc: device_state.slot_of_location(loc) for _, loc, _ in
-                         self._original_locations(device_state)}
-
-    def _original_locations(self, device_state):
-        saved_groups, saved_state, saved_group_values, saved_schedule = self._bound
-        for key, value in saved_schedule.items():
-            yield None, ("optimizer-schedule", id(self), key), value
-        for i, p in enumerate(p for ps in saved_groups for p in ps):
-            for key, value in saved_state.get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    yield None, ("optimizer", id(self), i, key), value
-        for g, group in enumerate(saved_group_values):
+            for i, p in enumerate(group["params"]):
+                new = replaced.get(id(p))
+                if new is not None and new is not p:
+                    group["params"][i] = new
+                    rekey[p] = new
+        if rekey:
+            self.state = defaultdict(dict, {rekey.get(p, p): v for p, v in self.state.items()})
+        for g, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                if isinstance(p, DeviceTensor):
+                    yield f"{self._prefix}.param_groups.{g}.params.{i}", group["params"], i, p
             for key, value in group.items():
                 if key != "params" and isinstance(value, torch.Tensor):
-                    yield None, ("optimizer-group", id(self), g, key), value
+                    yield f"{self._prefix}.param_groups.{g}.{key}", group, key, value
+        for index, p in enumerate(self._params()):
+            if not isinstance(p, DeviceTensor):
+                continue
+            for key, value in self.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    yield f"{self._prefix}.state.{index}.{key}", self.state[p], key, value
+        for key, value in self.schedule_state.items():
+            yield f"{self._prefix}.{key}", self.schedule_state, key, value
 
-    def collect(self, device_state, values):
-        """Write the traced step's final state tensors into `values`, by slot."""
-        for _, location, tensor in self._state_locations():
-            values[self._slot_of[location]] = tensor
+    @property
+    def on_device(self) -> bool:
+        """Whether every parameter is state of a compiled module (a traced step can use it)."""
+        from bridge.device_tensor import DeviceTensor
+        return all(isinstance(p, DeviceTensor) for p in self._params())
 
-    def unbind(self):
-        saved_groups, saved_state, saved_group_values, saved_schedule = self._bound
-        self.schedule_state.clear()
-        self.schedule_state.update(saved_schedule)
-        for group, params, values in zip(self.param_groups, saved_groups, saved_group_values):
-            group.clear()
-            group.update(values)
-            group["params"] = params
-        self.__dict__["_state"] = saved_state
-        self._bound = None
+    def hyperparameters(self):
+        """(group, key, index, value) of every float hyperparameter: inputs of a traced
+        step, not constants of its program. `index` is the position in a tuple value."""
+        for group in self.param_groups:
+            for key, value in group.items():
+                if type(value) is float:
+                    yield group, key, None, value
+                elif type(value) is tuple:
+                    for i, v in enumerate(value):
+                        if type(v) is float:
+                            yield group, key, i, v
 
-    def state_dict(self, *args, **kwargs):
-        self.state  # noqa: B018  (brings the state up to date)
-        return super().state_dict(*args, **kwargs)
+    @contextlib.contextmanager
+    def keyed_by(self, params: dict):
+        """Key the per-parameter state by other tensors (a capture's traced parameters)."""
+        saved = self.state
+        self.state = defaultdict(dict, {params.get(id(p), p): v for p, v in saved.items()})
+        try:
+            yield
+        finally:
+            self.state = saved
 
     def load_state_dict(self, state_dict):
-        self.state  # noqa: B018
         super().load_state_dict(state_dict)
-        self.register_state(self._backend.state)
+        # torch builds new state tensors on load: they become the run's state.
+        self._backend.state.refresh()
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        backend = self.__dict__.get("_backend")
+        if backend is not None:
+            with torch.no_grad():
+                self.preinitialize_group(self.param_groups[-1])
+            backend.state.dirty = True
+
+    def preinitialize_group(self, group):
+        """Create the state of a param group added after construction (default: run
+        `preinitialize` again for parameters that have no state yet)."""
+        self.preinitialize()
+
+
+class _Notifying(dict):
+    """`schedule_state`: a new counter becomes run state before the next step."""
+
+    def __init__(self, optimizer):
+        super().__init__()
+        self.optimizer = optimizer
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        backend = self.optimizer.__dict__.get("_backend")
+        if backend is not None:
+            backend.state.dirty = True

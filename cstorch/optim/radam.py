@@ -1,5 +1,6 @@
 """`cstorch.optim.RAdam`: Adam with a rectified adaptive learning rate (Liu et al., 2019)."""
 import math
+from fractions import Fraction
 
 import torch
 
@@ -16,17 +17,51 @@ def _expm1_minus_x(x):
     return torch.where(x < 0.5, series, torch.expm1(x) - x)
 
 
+def _gregory(n):
+    """The magnitudes ``|G_2|, ..., |G_n|`` of the Gregory coefficients, the Taylor
+    coefficients of ``x / log(1 + x) = 1 + x/2 - x^2/12 + x^3/24 - ...`` (exact fractions
+    from ``(x / log(1 + x)) * (log(1 + x) / x) = 1``)."""
+    g = [Fraction(1)]
+    for i in range(1, n + 1):
+        g.append(-sum(Fraction((-1) ** m, m + 1) * g[i - m] for m in range(1, i + 1)))
+    return [float(abs(c)) for c in g[2:]]
+
+
+_GREGORY = _gregory(21)
+
+
+def _rho_offset(e):
+    """``K = 2 / e - 1 - 2 / c`` with ``e = 1 - beta2``, ``c = -log(beta2)``, for a tensor
+    `e`, without the cancellation of the direct form (three terms near ``2 / e``).
+
+    ``2 / c = (2 / e) * (-e / log(1 - e))``, and the series of Gregory coefficients gives
+    ``K = 2 * sum_{n >= 2} |G_n| e^(n - 1)``: positive terms, so float32 Horner evaluation is
+    accurate. Twenty terms are exact in float32 for ``e < 1/3``; for larger `e` (where
+    ``rho_inf <= 5``, so no step is ever rectified) the truncation only lowers ``K``.
+    """
+    total = torch.zeros_like(e) + _GREGORY[-1]
+    for coef in reversed(_GREGORY[:-1]):
+        total = total * e + coef
+    return 2 * e * total
+
+
 def _rho(step, beta2):
     """RAdam's ``rho_t = rho_inf - 2 t beta2^t / (1 - beta2^t)`` and ``1 - beta2^t``.
 
     The direct form subtracts two numbers near ``rho_inf`` (about 2000 for beta2 = 0.999),
     losing most float32 digits just when rho_t crosses 5. With ``c = -log(beta2)`` and
     ``x = c t`` it equals ``K + (2 / c) (e^x - 1 - x) / (e^x - 1)``, where the constant
-    ``K = 2 / (1 - beta2) - 1 - 2 / c`` is computed in Python doubles.
+    ``K = 2 / (1 - beta2) - 1 - 2 / c`` is computed in Python doubles for a float `beta2`
+    and by `_rho_offset` for a tensor one (a traced hyperparameter).
     """
-    c = -math.log(beta2)
+    if isinstance(beta2, torch.Tensor):
+        e = 1 - beta2  # exact in float32 for beta2 >= 0.5
+        c = -torch.log1p(-e)
+        k = _rho_offset(e)
+    else:
+        c = -math.log(beta2)
+        k = 2 / (1 - beta2) - 1 - 2 / c
     x = step * c
-    k = 2 / (1 - beta2) - 1 - 2 / c
     em1 = torch.expm1(x)
     return k + (2 / c) * _expm1_minus_x(x) / em1, -torch.expm1(-x)
 

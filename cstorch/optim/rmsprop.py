@@ -23,7 +23,7 @@ class RMSprop(U.ElementwiseOptimizer):
 
     def init_state(self, p, group):
         state = {"square_avg": torch.zeros_like(p)}
-        if group["momentum"] > 0:
+        if U.is_set(group["momentum"]):
             state["momentum_buffer"] = torch.zeros_like(p)
         if group["centered"]:
             state["grad_avg"] = torch.zeros_like(p)
@@ -38,7 +38,7 @@ class RMSprop(U.ElementwiseOptimizer):
         else:
             avg = state["square_avg"].sqrt()
         avg = avg + group["eps"]
-        if group["momentum"] > 0:
+        if U.is_set(group["momentum"]):
             buf = state["momentum_buffer"]
             buf.mul_(group["momentum"]).addcdiv_(grad, avg)
             U.subtract_scaled(p, buf, group["lr"])

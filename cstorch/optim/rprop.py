@@ -25,10 +25,11 @@ class Rprop(U.ElementwiseOptimizer):
         eta_minus, eta_plus = group["etas"]
         low, high = group["step_sizes"]
         agreement = (grad * state["prev"]).sign()
-        factor = torch.where(agreement > 0, torch.full_like(grad, eta_plus),
-                             torch.where(agreement < 0, torch.full_like(grad, eta_minus),
+        factor = torch.where(agreement > 0, U.full_like(grad, eta_plus),
+                             torch.where(agreement < 0, U.full_like(grad, eta_minus),
                                          torch.ones_like(grad)))
-        state["step_size"].mul_(factor).clamp_(low, high)
+        step_size = state["step_size"].mul_(factor)
+        step_size.copy_(U.clamp(step_size, low, high))
         grad = torch.where(agreement < 0, torch.zeros_like(grad), grad)
         p.addcmul_(grad.sign(), state["step_size"], value=-1)
         state["prev"].copy_(grad)

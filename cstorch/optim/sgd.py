@@ -23,12 +23,12 @@ class SGD(U.ElementwiseOptimizer):
                                       maximize=maximize))
 
     def init_state(self, p, group):
-        return {"momentum_buffer": torch.zeros_like(p)} if group["momentum"] != 0 else {}
+        return {"momentum_buffer": torch.zeros_like(p)} if U.is_set(group["momentum"]) else {}
 
     def update(self, p, grad, group, state):
         momentum = group["momentum"]
-        if momentum != 0:
+        if U.is_set(momentum):
             buf = state["momentum_buffer"]
-            buf.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
-            grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
+            U.add_scaled_(buf.mul_(momentum), grad, U.one_minus(group["dampening"]))
+            grad = U.add_scaled(grad, buf, momentum) if group["nesterov"] else buf
         U.subtract_scaled(p, grad, group["lr"])

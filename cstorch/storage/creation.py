@@ -32,6 +32,9 @@ class DeferredFullTensor(LazyTensor):
     def _produce(self):
         return torch.full(tuple(self.shape), self.fill_value, dtype=self.dtype)
 
+    def _alias(self):
+        return DeferredFullTensor(tuple(self.shape), self.dtype, self.fill_value)
+
 
 def _check_dtype(dtype):
     if dtype is not None and not isinstance(dtype, torch.dtype):

@@ -34,9 +34,12 @@ def dtype_from_rtfx(ident: int) -> torch.dtype:
     return _FROM_RTFX[ident]
 
 
-def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A numpy array holding the tensor's bytes in its storage dtype (bfloat16 and other
-    dtypes numpy lacks travel as integers of the same width)."""
+def tensor_to_storage_array(t: torch.Tensor) -> np.ndarray:
+    """A numpy array holding the tensor's bytes in its HDF5 storage dtype (bfloat16 and
+    other dtypes numpy lacks travel as integers of the same width)."""
+    from bridge.device_tensor import DeviceTensor
+    if isinstance(t, DeviceTensor):
+        t = t.host()
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()

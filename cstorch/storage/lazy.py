@@ -65,6 +65,10 @@ class LazyTensor(torch.Tensor):
     def _produce(self) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _alias(self) -> "LazyTensor":
+        """A detached tensor of the same class and data, not yet produced."""
+        return self.materialize().detach()
+
     def materialize(self, keep: bool = False) -> torch.Tensor:
         """The data as an ordinary tensor (kept for later uses if `keep` or the tensor caches)."""
         value = self._value
@@ -92,6 +96,12 @@ class LazyTensor(torch.Tensor):
         if func in _META:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
+        if func is torch.Tensor.detach and not args[0].is_materialized:
+            # Still lazy: `nn.Parameter(cstorch.zeros(...))` detaches and needs its own type.
+            return args[0]._alias()
+        if func is torch.Tensor.requires_grad_:  # autograd metadata: no data needed
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
         keep = _mutates(func, kwargs)
         args, kwargs = pytree.tree_map_only(
             LazyTensor, lambda t: t.materialize(keep=keep), (args, kwargs))
@@ -100,6 +110,8 @@ class LazyTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.ops.aten.detach.default and not args[0].is_materialized:
+            return args[0]._alias()
         keep = func._schema.is_mutable if hasattr(func, "_schema") else False
         args, kwargs = pytree.tree_map_only(
             LazyTensor, lambda t: t.materialize(keep=keep), (args, kwargs))

@@ -111,12 +111,10 @@ def _tree_metadata(path):
 # dtypes -------------------------------------------------------------------------------
 
 def _tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    from bridge import tensor_to_numpy
     try:
-        return t.numpy()
+        a = tensor_to_numpy(t)
+        return a if a.flags.c_contiguous else a.copy()  # ascontiguousarray makes 0-d 1-d
     except TypeError as e:
         raise TypeError(f"Orbax checkpoints cannot hold tensors of dtype {t.dtype}") from e
 
@@ -148,15 +146,6 @@ def _backend(backend):
     return b
 
 
-def _register_optimizer_state(backend):
-    # Optimizer state becomes device state at the first step; register it now so a run
-    # that has not stepped yet saves and loads the same slots as one that has.
-    for opt in getattr(backend, "optimizers", []):
-        register = getattr(opt, "register_state", None)
-        if register is not None:
-            register(backend.state)
-
-
 def save_orbax(path, backend=None, *, overwrite: bool = False) -> str:
     """Save the device state of the run on `backend` (default: the current one) as an
     Orbax checkpoint directory at `path`, with the backend's step count.
@@ -169,15 +158,14 @@ def save_orbax(path, backend=None, *, overwrite: bool = False) -> str:
     ocp = _ocp()
     backend = _backend(backend)
     path = _target_path(path, overwrite)
-    _register_optimizer_state(backend)
     state = backend.state
-    arrays = state.device_arrays()
+    state.sync()
     tree, dtypes = {}, {}
-    for slot, array in zip(state.slots, arrays):
-        if slot.name in tree:
-            raise RuntimeError(f"cannot save run state: two state tensors share the name {slot.name!r}")
-        tree[slot.name] = array
-        dtypes[slot.name] = str(slot.tensor.dtype)
+    for name, cell in zip(state.names, state.cells):
+        if name in tree:
+            raise RuntimeError(f"cannot save run state: two state tensors share the name {name!r}")
+        tree[name] = cell.array
+        dtypes[name] = str(cell.dtype)
     meta = {"format": FORMAT, "version": VERSION, "kind": RUN_STATE,
             "step_count": int(backend.step_count), "backend_type": backend.backend_type,
             "mesh": {k: int(v) for k, v in backend.mesh.shape.items()}, "dtypes": dtypes}
@@ -198,7 +186,6 @@ def load_orbax(path, backend=None) -> dict:
     the backend's step count is set to the saved one. Returns the checkpoint's metadata
     (step count, backend type and mesh it was saved from).
     """
-    import wafer
     from bridge import to_jax_dtype
 
     ocp = _ocp()
@@ -208,10 +195,10 @@ def load_orbax(path, backend=None) -> dict:
         raise ValueError(f"Orbax checkpoint {path} does not hold run state (it was not written by "
                          f"cstorch.storage.save_orbax); read it with cstorch.load(path)")
     backend = _backend(backend)
-    _register_optimizer_state(backend)
     state = backend.state
+    state.sync()
     saved = _tree_metadata(path)
-    names = [slot.name for slot in state.slots]
+    names = list(state.names)
     missing = [n for n in names if n not in saved]
     extra = [n for n in saved if n not in set(names)]
     if missing or extra:
@@ -223,27 +210,23 @@ def load_orbax(path, backend=None) -> dict:
         raise ValueError(f"cannot load Orbax checkpoint {path}: " + "; ".join(parts) +
                          ". Build the same model and optimizers (cstorch.compile, cstorch.optim) "
                          "as the run that saved it before loading")
-    current = state.arrays if state.arrays else [None] * len(state.slots)
     restore_args, target = {}, {}
-    for slot, array in zip(state.slots, current):
-        shape = tuple(slot.tensor.shape)
-        saved_shape = tuple(saved[slot.name].shape)
+    for name, cell in zip(names, state.cells):
+        shape = tuple(cell.array.shape)
+        saved_shape = tuple(saved[name].shape)
         if saved_shape != shape:
-            raise ValueError(f"cannot load Orbax checkpoint {path}: {slot.name!r} has shape "
+            raise ValueError(f"cannot load Orbax checkpoint {path}: {name!r} has shape "
                              f"{saved_shape} in the checkpoint but {shape} in the run; build the "
                              f"model with the configuration it was saved with")
-        sharding = array.sharding if array is not None else wafer.state_sharding(backend.mesh, shape)
-        dtype = to_jax_dtype(slot.tensor.dtype)
-        target[slot.name] = _jax_struct(shape, dtype, sharding)
-        restore_args[slot.name] = ocp.ArrayRestoreArgs(sharding=sharding, dtype=dtype,
-                                                       global_shape=shape)
+        sharding = cell.array.sharding
+        dtype = to_jax_dtype(cell.dtype)
+        target[name] = _jax_struct(shape, dtype, sharding)
+        restore_args[name] = ocp.ArrayRestoreArgs(sharding=sharding, dtype=dtype,
+                                                  global_shape=shape)
     if target:
         restored = _checkpointer().restore(path, ocp.args.Composite(**{
             TREE: ocp.args.PyTreeRestore(item=target, restore_args=restore_args)}))[TREE]
-        state.update([restored[name] for name in names])
-        # Read back now: the restored values win over any torch-side edits made since the
-        # last sync, which would otherwise count as conflicting writes at the next step.
-        state.sync_to_host()
+        state.load(restored)
     backend.step_count = int(meta.get("step_count", 0))
     return {k: meta.get(k) for k in ("step_count", "backend_type", "mesh")}
 

@@ -11,7 +11,7 @@ from h5py import h5d, h5p
 from cstorch.storage import pickling
 from cstorch.storage.creation import DeferredFullTensor
 from cstorch.storage.dtypes import (RTFX_IDS, dtype_from_name, dtype_from_rtfx,
-                                    read_dataset, storage_numpy_dtype, tensor_to_numpy)
+                                    read_dataset, storage_numpy_dtype, tensor_to_storage_array)
 from cstorch.storage.lazy import FileTensor, LazyTensor
 
 # HDF5 keeps attributes in the object header, which holds at most 64 KiB per message;
@@ -65,7 +65,7 @@ def prepare_tensor(tensor):
         return None
     if isinstance(tensor, LazyTensor):
         tensor = tensor.materialize()
-    return tensor_to_numpy(tensor)
+    return tensor_to_storage_array(tensor)
 
 
 def _set_tensor_attrs(ds, tensor, compressed):
@@ -91,7 +91,7 @@ def write_tensor(f, key, tensor, array, compressed):
     if array is None:  # DeferredFullTensor: let HDF5 write the fill value, no host copy
         np_dtype = storage_numpy_dtype(tensor.dtype)
         fill = torch.tensor(tensor.fill_value, dtype=tensor.dtype)
-        fill = tensor_to_numpy(fill).astype(np_dtype)
+        fill = tensor_to_storage_array(fill).astype(np_dtype)
         comp = _compression(shape, compressed)
         if comp:
             ds = f.create_dataset(key, shape=shape, dtype=np_dtype, fillvalue=fill, **comp)

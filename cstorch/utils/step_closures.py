@@ -1,7 +1,7 @@
 """`step_closure` and `checkpoint_closure`: Python that runs after a step, with its values."""
 import functools
 
-from cstorch.trace import capturing
+from cstorch.tracing import capturing
 from cstorch.utils.data.executor import is_checkpoint_step
 
 

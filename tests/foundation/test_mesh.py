@@ -28,12 +28,12 @@ def step(tokens):
 
 g = torch.Generator().manual_seed(1)
 losses = [float(step(torch.randint(0, 61, (8, 17), generator=g))) for _ in range(4)]
-program = next(iter(step.programs.values()))
+program = next(iter(step.programs.values()))[0]
 print(json.dumps({"losses": losses, "devices": len(backend.devices),
                   "mesh": dict(backend.mesh.shape),
                   "input_sharding": str(program.compiled.input_shardings[0].spec),
-                  "qkv_sharding": str(backend.state.arrays[program.state_names.index(
-                      "model.blocks.0.attn.qkv.weight")].sharding.spec)}))
+                  "qkv_sharding": str(backend.state.arrays()[
+                      "model.blocks.0.attn.qkv.weight"].sharding.spec)}))
 """
 
 

@@ -172,9 +172,9 @@ if role == "save":
     cstorch.storage.save_orbax(path)
 else:
     cstorch.storage.load_orbax(path)
-backend.state.sync_to_host()  # slot tensors are read directly, past the synced views
-values = {s.name: s.tensor.detach().tolist() for s in backend.state.slots}
-meshes = [dict(a.sharding.mesh.shape) for a in backend.state.arrays]
+state = backend.state
+values = {name: state.tensor(name).detach().tolist() for name in state.names}
+meshes = [dict(a.sharding.mesh.shape) for a in state.arrays().values()]
 loss = float(step(*batch(2)))
 print(json.dumps({"mesh": dict(backend.mesh.shape), "values": values, "loss": loss,
                   "step_count": backend.step_count, "meshes": meshes}))

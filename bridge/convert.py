@@ -1,0 +1,118 @@
+"""The one place where torch tensors and JAX arrays cross over, both ways.
+
+JAX runs with 64-bit types off by default, so int64 and float64 tensors live on the
+device as int32 and float32; values cross back to torch in the tensor's own dtype.
+CPU values cross without a copy through dlpack where the dtypes agree.
+"""
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import torch
+
+_TORCH_TO_NUMPY = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.float16: np.float16,
+    torch.bfloat16: ml_dtypes.bfloat16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.int16: np.int16,
+    torch.int8: np.int8,
+    torch.uint8: np.uint8,
+    torch.uint16: np.uint16,
+    torch.uint32: np.uint32,
+    torch.uint64: np.uint64,
+    torch.bool: np.bool_,
+    torch.complex64: np.complex64,
+    torch.complex128: np.complex128,
+}
+_NUMPY_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_NUMPY.items()}
+
+
+def to_jax_dtype(dtype: torch.dtype):
+    """The dtype a JAX array holding a tensor of `dtype` has (canonicalised for x64 mode)."""
+    try:
+        return jax.dtypes.canonicalize_dtype(_TORCH_TO_NUMPY[dtype])
+    except KeyError:
+        raise TypeError(f"torch dtype {dtype} has no JAX equivalent") from None
+
+
+def to_torch_dtype(dtype) -> torch.dtype:
+    return _NUMPY_TO_TORCH[np.dtype(dtype)]
+
+
+def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """The values of `t` as a host numpy array of `t`'s own dtype (bfloat16 as
+    `ml_dtypes.bfloat16`). May share memory with `t`; a device tensor is copied to the host."""
+    from bridge.device_tensor import DeviceTensor
+    if isinstance(t, DeviceTensor):
+        t = t.host()
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.resolve_conj().resolve_neg()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    try:
+        return t.numpy()
+    except TypeError:
+        raise TypeError(f"torch dtype {t.dtype} has no numpy equivalent") from None
+
+
+def numpy_to_tensor(a, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A torch CPU tensor with the values of a numpy (or array-like) `a`, in `dtype` if
+    given (int64 for a label array computed as int32, say)."""
+    host = np.asarray(a)
+    if host.dtype == ml_dtypes.bfloat16:
+        t = torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(host if host.flags.writeable else host.copy())
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    return t
+
+
+def _jax_numpy(t: torch.Tensor) -> np.ndarray:
+    """`t` on the host in the dtype JAX computes `t`'s dtype in."""
+    host = tensor_to_numpy(t)
+    want = to_jax_dtype(t.dtype)
+    return host if host.dtype == want else host.astype(want)
+
+
+def tensor_to_jax(t: torch.Tensor, sharding=None) -> jax.Array:
+    """`t` as a JAX array (laid out by `sharding` when given). A device tensor gives its
+    own array; a host tensor is copied to the device."""
+    from bridge.device_tensor import DeviceTensor
+    if isinstance(t, DeviceTensor) and not t.is_view:
+        a = t.cell.array
+        return a if sharding is None or a.sharding == sharding else jax.device_put(a, sharding)
+    host = _jax_numpy(t)
+    return jnp.asarray(host) if sharding is None else jax.device_put(host, sharding)
+
+
+def tensor_to_input(t: torch.Tensor):
+    """What a compiled program takes for `t`: its array if `t` lives on the device, else a
+    host numpy array the executable copies in itself (no extra dispatch per input)."""
+    from bridge.device_tensor import DeviceTensor
+    if isinstance(t, DeviceTensor) and not t.is_view:
+        return t.cell.array
+    return _jax_numpy(t)
+
+
+def jax_to_tensor(a, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A torch CPU tensor with the value of the JAX array (or numpy array) `a`, in `dtype`
+    when given. A single-device CPU array crosses through dlpack without a copy: the result
+    must then not be written to."""
+    if isinstance(a, jax.Array) and a.dtype != ml_dtypes.bfloat16 and _on_one_cpu(a):
+        t = torch.from_dlpack(a)
+        return t if dtype is None or t.dtype == dtype else t.to(dtype)
+    return numpy_to_tensor(np.asarray(a), dtype)
+
+
+def _on_one_cpu(a) -> bool:
+    try:
+        devices = a.devices()
+    except Exception:  # a deleted or donated array
+        return False
+    return len(devices) == 1 and next(iter(devices)).platform == "cpu" and a.is_fully_addressable

@@ -1,0 +1,184 @@
+"""`DeviceTensor`: a torch tensor whose value is a `jax.Array`.
+
+The value lives in a `Cell`, the one mutable holder of an immutable JAX array; every
+tensor that aliases it (the tensor itself, `.data`, `detach()`, views such as `w[0]` or
+`w.t()`) holds the same cell, so a write through any of them is seen by all, and a
+traced step that replaces the cell's array is seen by every alias at once.
+
+Outside a traced step, an ATen op on a device tensor runs as PyTorch's own CPU kernel on
+a host copy of the value: reads get an ordinary tensor back; an op that writes into a
+device tensor (in-place ops, `copy_`, `out=`, `.data` assignment) writes the result into
+the cell. So `.data` writes, `nn.init`, `load_state_dict` and `with torch.no_grad():
+w.clamp_(...)` can never be bypassed, while values stay on the device until read.
+"""
+import torch
+import torch.utils._pytree as pytree
+
+from bridge.convert import jax_to_tensor, tensor_to_jax, tensor_to_numpy
+
+_aten = torch.ops.aten
+_ALIASES = {_aten.detach.default, _aten.alias.default}
+
+
+class Cell:
+    """The mutable holder of one device value. `dtype` is the torch dtype the value has
+    on the torch side (int64 for an array JAX holds as int32)."""
+    __slots__ = ("array", "dtype", "__weakref__")
+
+    def __init__(self, array, dtype: torch.dtype):
+        self.array = array
+        self.dtype = dtype
+
+    def host(self) -> torch.Tensor:
+        """The value on the host. It may share memory with the device array: never write
+        to it."""
+        return jax_to_tensor(self.array, self.dtype)
+
+    def write(self, value: torch.Tensor):
+        """Make a host tensor the new value, laid out as the old one was."""
+        self.array = tensor_to_jax(value.to(self.dtype), self.array.sharding)
+
+
+def _writes(func, i, name=None) -> bool:
+    args = func._schema.arguments
+    if name is not None:
+        arg = next((a for a in args if a.name == name), None)
+    else:
+        arg = args[i] if i < len(args) else None
+    return arg is not None and arg.alias_info is not None and arg.alias_info.is_write
+
+
+class DeviceTensor(torch.Tensor):
+    """A torch tensor whose value is the JAX array in `cell`, seen through `view` (a chain
+    of ATen view ops, empty for the whole value)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, cell: Cell, view=(), shape=None, dtype=None, requires_grad=False):
+        shape = tuple(cell.array.shape) if shape is None else tuple(shape)
+        return torch.Tensor._make_wrapper_subclass(
+            cls, shape, dtype=dtype or cell.dtype, device="cpu", requires_grad=requires_grad)
+
+    def __init__(self, cell: Cell, view=(), shape=None, dtype=None, requires_grad=False):
+        self.cell = cell
+        self.view_ops = tuple(view)
+
+    @classmethod
+    def of(cls, array, dtype: torch.dtype) -> "DeviceTensor":
+        """A device tensor holding `array` in a cell of its own."""
+        return cls(Cell(array, dtype))
+
+    @property
+    def is_view(self) -> bool:
+        return bool(self.view_ops)
+
+    def _apply_view(self, base):
+        for func, args, kwargs in self.view_ops:
+            base = func(base, *args, **kwargs)
+        return base
+
+    def host(self) -> torch.Tensor:
+        """The value as an ordinary CPU tensor (a copy the caller may keep and write)."""
+        return self._apply_view(self.cell.host()).clone()
+
+    # `.data` aliases the same cell; assigning it writes the cell.
+    @property
+    def data(self):
+        return DeviceTensor(self.cell, self.view_ops, self.shape, self.dtype)
+
+    @data.setter
+    def data(self, value):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"can only assign a tensor to .data, got {type(value).__name__}")
+        if tuple(value.shape) != tuple(self.shape):
+            raise RuntimeError(
+                f"cannot assign a tensor of shape {tuple(value.shape)} to the .data of a tensor of "
+                f"shape {tuple(self.shape)} whose value lives on the device; assign a new "
+                "torch.nn.Parameter to the module attribute instead")
+        if value is self or (isinstance(value, DeviceTensor) and value.cell is self.cell
+                             and value.view_ops == self.view_ops):
+            return
+        with torch.no_grad():
+            self.copy_(value)
+
+    # host access without the dispatcher ---------------------------------------------
+    def numpy(self, *, force=False):
+        return tensor_to_numpy(self.host())
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def tolist(self):
+        return self.host().tolist()
+
+    def __repr__(self, *, tensor_contents=None):
+        text = repr(self.host().requires_grad_(self.requires_grad) if self.requires_grad
+                    else self.host())
+        return f"Parameter containing:\n{text}" if getattr(self, "_is_param", False) else text
+
+    def __reduce_ex__(self, protocol):
+        # Pickled (torch.save, deepcopy) as an ordinary tensor with the current value.
+        value = self.host()
+        if getattr(self, "_is_param", False):
+            return torch.nn.Parameter, (value, self.requires_grad)
+        return _rebuild_host_tensor, (value, self.requires_grad)
+
+    def __deepcopy__(self, memo):
+        value = self.host()
+        if getattr(self, "_is_param", False):
+            out = torch.nn.Parameter(value, self.requires_grad)
+        else:
+            out = value.requires_grad_(self.requires_grad)
+        memo[id(self)] = out
+        return out
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _ALIASES:
+            src = args[0]
+            return DeviceTensor(src.cell, src.view_ops, src.shape, src.dtype)
+        if func is _aten.set_.source_Tensor or func is _aten.set_.default:
+            raise RuntimeError("Tensor.set_ cannot rebind a tensor whose value lives on the device")
+        targets = [a for i, a in enumerate(args) if _writes(func, i)]
+        targets += [v for k, v in kwargs.items() if _writes(func, 0, k)]
+        written = [t for t in pytree.tree_leaves(targets) if isinstance(t, DeviceTensor)]
+        if written:
+            _write_through(func, args, kwargs, written)
+            return None if not func._schema.returns else targets[0]
+        host_args, host_kwargs = pytree.tree_map_only(DeviceTensor, DeviceTensor.host_view, (args, kwargs))
+        out = func(*host_args, **host_kwargs)
+        if func.is_view and isinstance(args[0], DeviceTensor):
+            src = args[0]
+            step = (func, tuple(args[1:]), dict(kwargs))
+            return DeviceTensor(src.cell, src.view_ops + (step,), out.shape, out.dtype)
+        return out
+
+    def host_view(self) -> torch.Tensor:
+        """The value on the host, possibly sharing memory with the device: read only."""
+        return self._apply_view(self.cell.host())
+
+
+def _rebuild_host_tensor(value, requires_grad):
+    return value.requires_grad_(requires_grad) if requires_grad else value
+
+
+def _write_through(func, args, kwargs, written):
+    """Run an op that writes into device tensors on writable host copies of their cells,
+    then store each written cell's new value."""
+    bases = {}
+    for t in written:
+        if id(t.cell) not in bases:
+            bases[id(t.cell)] = (t.cell, t.cell.host().clone())
+
+    def to_host(t):
+        if any(t is w for w in written):
+            return t._apply_view(bases[id(t.cell)][1])
+        return t.host_view()
+
+    host_args, host_kwargs = pytree.tree_map_only(DeviceTensor, to_host, (args, kwargs))
+    func(*host_args, **host_kwargs)
+    for cell, base in bases.values():
+        cell.write(base)

@@ -1,0 +1,126 @@
+"""The split of a step's arguments and results into tensors and everything else.
+
+Tensors are the program's inputs and outputs; everything else is part of what the program
+depends on, keyed by value: numbers and strings as they are, containers by their
+contents, modules and other objects by their state (`fingerprint`), never by `id()`.
+"""
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+_PLAIN = (int, float, str, bool, type(None), torch.dtype, torch.device, torch.Size)
+_SKIPPED_ATTRS = {"_parameters", "_buffers", "_modules", "_backward_hooks", "_backward_pre_hooks",
+                  "_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
+                  "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
+                  "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                  "_load_state_dict_post_hooks", "_non_persistent_buffers_set", "training",
+                  "_is_full_backward_hook"}
+
+
+def fingerprint(value, depth: int = 0):
+    """A hashable key that equals for objects a captured program treats the same."""
+    if isinstance(value, _PLAIN):
+        return (type(value), value)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.requires_grad)
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(fingerprint(v, depth + 1) for v in value))
+    if isinstance(value, dict):
+        return (type(value), tuple((k, fingerprint(v, depth + 1)) for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return (type(value), frozenset(fingerprint(v, depth + 1) for v in value))
+    if callable(value) and not hasattr(value, "__dict__") or isinstance(value, type):
+        return ("id", id(value))   # builtins, classes: immutable for our purposes
+    if _is_run_object(value) or depth > 4:
+        return ("id", id(value))   # state of the run: keyed through the run's state
+    attrs = getattr(value, "__dict__", None)
+    if attrs is None:
+        return ("id", id(value))
+    if hasattr(value, "__code__"):  # a function: its code and what it closes over
+        cells = tuple(fingerprint(c.cell_contents, depth + 1) for c in (value.__closure__ or ())
+                      if _cell_filled(c))
+        return ("fn", value.__code__, cells)
+    items = tuple(sorted((k, fingerprint(v, depth + 1)) for k, v in attrs.items()
+                         if k not in _SKIPPED_ATTRS and not k.startswith("__")))
+    if isinstance(value, torch.nn.Module):
+        items += (("modules", tuple((k, fingerprint(m, depth + 1))
+                                    for k, m in value._modules.items())),)
+    return (type(value), items)
+
+
+def _cell_filled(cell):
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def _is_run_object(value):
+    from cstorch.compile import CompiledModule
+    from cstorch.optim.optimizer import Optimizer
+    return isinstance(value, (CompiledModule, Optimizer)) or (
+        isinstance(value, torch.nn.Module) and _is_compiled(value))
+
+
+def _is_compiled(module):
+    from cstorch.state import TrackedTable
+    return isinstance(module.__dict__.get("_parameters"), TrackedTable)
+
+
+@dataclass
+class Call:
+    """One call's arguments: the tensors in flattening order, and the rest."""
+    spec: Any
+    leaves: list               # every leaf; tensors included
+    positions: list            # indices of the tensor leaves
+    key: Any                   # what the program depends on, besides tensor values
+
+    @property
+    def tensors(self):
+        return [self.leaves[i] for i in self.positions]
+
+    def rebuild(self, tensors):
+        """(args, kwargs) with `tensors` in place of the call's tensors."""
+        if isinstance(self.spec, tuple):
+            return tuple(tensors), {}
+        leaves = list(self.leaves)
+        for pos, t in zip(self.positions, tensors):
+            leaves[pos] = t
+        return pytree.tree_unflatten(leaves, self.spec)
+
+
+def split_call(args, kwargs) -> Call:
+    if not kwargs and all(type(a) is torch.Tensor for a in args):
+        # The common call, flattened without the generic tree walk.
+        spec = ("flat", len(args))
+        return Call(spec, list(args), list(range(len(args))),
+                    (spec, tuple((tuple(a.shape), a.dtype) for a in args)))
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    key = (spec, tuple(("T", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor)
+                       else fingerprint(v) for v in leaves))
+    return Call(spec, leaves, positions, key)
+
+
+@dataclass
+class Results:
+    """Where a step's returned tensors go in its returned structure."""
+    spec: Any
+    leaves: list               # non-tensor leaves; tensors as None
+    positions: list
+
+    @classmethod
+    def of(cls, result):
+        leaves, spec = pytree.tree_flatten(result)
+        positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        kept = [None if isinstance(v, torch.Tensor) else v for v in leaves]
+        return cls(spec, kept, positions), [leaves[i] for i in positions]
+
+    def rebuild(self, tensors):
+        leaves = list(self.leaves)
+        for pos, t in zip(self.positions, tensors):
+            leaves[pos] = t
+        return pytree.tree_unflatten(leaves, self.spec)

@@ -1,0 +1,356 @@
+"""Capture orchestration: run a step once on traced stand-ins of the run's state and the
+call's tensors, and turn what it did into one compiled program.
+
+Everything the step can read is bound to a traced value for the duration of the capture:
+every state entry (module parameters and buffers, optimizer state, param-group tensors,
+schedule counters), the gradients the torch side holds where the step reads them, the
+optimizers' float hyperparameters, and the call's tensors. Device tensors the step reaches
+some other way (a closure variable) are swapped for their cell's traced value; a module
+that was never compiled is registered with a notice and the capture starts again.
+"""
+import contextlib
+import contextvars
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+import bridge
+import wafer
+from bridge.device_tensor import DeviceTensor
+from cstorch.optim.optimizer import Optimizer
+from cstorch.tracing.arguments import Call, Results
+
+log = logging.getLogger("cstorch")
+
+VALUE_READ_HINT = ("To look at a tensor's value, pass it to a function decorated with "
+                   "@cstorch.step_closure, which runs after the step with the computed values.")
+
+# The capture in progress, if any: step closures called during it are recorded here.
+capturing = contextvars.ContextVar("cstorch_capture", default=None)
+
+
+@dataclass
+class ClosureCall:
+    fn: Callable
+    spec: Any                  # treespec of (args, kwargs)
+    leaves: list               # leaves, tensors replaced by None
+    tensor_positions: list     # leaf positions that hold step outputs
+    checkpoint_only: bool
+
+
+@dataclass
+class CaptureContext:
+    closures: list = field(default_factory=list)
+    closure_tensors: list = field(default_factory=list)
+
+    def record_closure(self, fn, args, kwargs, checkpoint_only):
+        import torch.utils._pytree as pytree
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        self.closure_tensors.extend(leaves[i] for i in positions)
+        kept = [None if isinstance(v, torch.Tensor) else v for v in leaves]
+        self.closures.append(ClosureCall(fn, spec, kept, positions, checkpoint_only))
+
+
+@dataclass
+class Program:
+    """One captured and compiled step."""
+    graph: Any
+    jax_fn: Callable          # fn(state list, grads list, hyper, inputs list, rng) -> (state, grads, outs);
+                              # hyper: the traced hyperparameters' values, then their complements
+    compiled: Any             # wafer.CompiledStep
+    names: list               # state names, in the order of the state list
+    grad_inputs: list         # cells whose torch-side gradient is an input
+    grad_outputs: list        # cells whose gradient the step leaves
+    grad_rule: dict           # cell -> whether a gradient must be present for this program
+    hyper: list               # (optimizer index, group index, key, tuple index) of traced hyperparameters
+    results: Results
+    out_dtypes: list          # torch dtype of every tensor output (results, then closures)
+    closures: list
+
+
+class UnregisteredModule(Exception):
+    def __init__(self, module):
+        self.module = module
+
+
+def _refuse_optimizers(on_host: set):
+    """A step pre-hook refusing torch's optimizers, and cstorch optimizers whose
+    parameters (ids in `on_host`) belong to no compiled module."""
+    def hook(optimizer, args, kwargs):
+        if id(optimizer) in on_host:
+            raise RuntimeError(
+                "the optimizer holds a parameter that belongs to no compiled module; call "
+                "cstorch.compile(model) before creating the optimizer for its parameters")
+        _refuse_torch_optimizer(optimizer, args, kwargs)
+    return hook
+
+
+def _refuse_torch_optimizer(optimizer, args, kwargs):
+    if isinstance(optimizer, Optimizer):
+        return
+    # torch's optimizers create their state lazily inside the step and hold the module's
+    # own parameters, not the traced ones: under trace they would silently update nothing.
+    name = type(optimizer).__name__
+    raise TypeError(
+        f"a torch.optim.{name} is used in a traced step; traced steps need optimizers whose "
+        f"state exists before the first step: use cstorch.optim.{name} "
+        f"(from cerebras.pytorch.optim) instead")
+
+
+@contextlib.contextmanager
+def _refuse_torch_schedulers():
+    """torch's schedulers write Python floats into the param groups: inside a step that
+    would be undone by the next call. Refuse them there, naming cstorch's class."""
+    import cstorch.optim.lr_scheduler as ours
+    sched = torch.optim.lr_scheduler
+    classes = [sched.LRScheduler, sched.ReduceLROnPlateau]
+    saved = [c.__dict__.get("step") for c in classes]
+
+    def refuse(self, *args, **kwargs):
+        name = type(self).__name__
+        alternative = (f"use cstorch.optim.lr_scheduler.{name}, which steps on the device inside "
+                       "a traced step, or " if hasattr(ours, name) else "")
+        raise RuntimeError(
+            f"torch.optim.lr_scheduler.{name}.step() was called inside a traced step, where its "
+            f"Python-side learning rate cannot follow the compiled program; {alternative}call "
+            "scheduler.step() outside the traced function, between steps (that reuses the "
+            "compiled program: learning rates are inputs of the step)")
+    for c in classes:
+        c.step = refuse
+    try:
+        yield
+    finally:
+        for c, s in zip(classes, saved):
+            if s is None:
+                del c.step
+            else:
+                c.step = s
+
+
+@contextlib.contextmanager
+def _track_zero_grad(leaves: dict, entry_grads: dict, cleared: set):
+    """Record the traced parameters whose gradient the step sets to None before anything
+    else touched it: their torch-side gradient at the call does not matter."""
+    originals = (torch.nn.Module.zero_grad, torch.optim.Optimizer.zero_grad)
+
+    def wrap(original):
+        def zero_grad(self, *args, **kwargs):
+            before = {i: t.grad for i, t in leaves.items()}
+            result = original(self, *args, **kwargs)
+            for i, t in leaves.items():
+                if t.grad is None and before[i] is entry_grads.get(i):
+                    cleared.add(i)
+            return result
+        return zero_grad
+    torch.nn.Module.zero_grad = wrap(originals[0])
+    torch.optim.Optimizer.zero_grad = wrap(originals[1])
+    try:
+        yield
+    finally:
+        torch.nn.Module.zero_grad, torch.optim.Optimizer.zero_grad = originals
+
+
+@contextlib.contextmanager
+def _bind(backend, traced):
+    """Point every state entry, and the optimizers' per-parameter state, at traced values."""
+    state = backend.state
+    saved = [(e, e.get()) for e in state.entries]
+    for e in state.entries:
+        e.set(traced[e.cell])
+    keyed = [opt.keyed_by({id(e.tensor): traced[e.cell] for e in state.entries})
+             for opt in backend.optimizers]
+    with contextlib.ExitStack() as stack:
+        for k in keyed:
+            stack.enter_context(k)
+        try:
+            yield
+        finally:
+            for e, value in saved:
+                e.set(value)
+
+
+def hyperparameters(backend):
+    """(optimizer index, group, key, tuple index, value) of every float hyperparameter."""
+    for o, opt in enumerate(backend.optimizers):
+        for group, key, index, value in opt.hyperparameters():
+            yield o, group, key, index, value
+
+
+@contextlib.contextmanager
+def _bind_hyper(items, traced):
+    """Point the param groups' float hyperparameters at traced scalars. `traced` holds the
+    values, then their complements (`cstorch.optim._update.one_minus`)."""
+    from cstorch.optim import _update
+    values, comps = traced[:len(items)], traced[len(items):]
+    token = _update.complements.set({id(v): c for v, c in zip(values, comps)})
+    saved = []
+    for (group, key, index, _), t in zip(items, values):
+        saved.append((group, key, group[key]))
+        if index is None:
+            group[key] = t
+        else:
+            value = list(group[key])
+            value[index] = t
+            group[key] = tuple(value)
+    try:
+        yield
+    finally:
+        _update.complements.reset(token)
+        for group, key, value in reversed(saved):
+            group[key] = value
+
+
+@contextlib.contextmanager
+def _register_unseen_modules():
+    """A module with real weights that no `cstorch.compile` covered, called in the step,
+    stops the capture so it can be registered."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from cstorch.state import TrackedTable
+
+    def hook(module, args):
+        if isinstance(module.__dict__.get("_parameters"), TrackedTable):
+            return
+        own = [t for t in list(module._parameters.values()) + list(module._buffers.values())
+               if t is not None]
+        if any(not isinstance(t, FakeTensor) for t in own):
+            raise UnregisteredModule(module)
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _stray_tensor_hook(state, traced):
+    """What an op inside the step sees for a real tensor it reached without an argument."""
+    def hook(t):
+        if not traced:  # the capture's own set-up, before the step runs
+            return t
+        if isinstance(t, DeviceTensor):
+            i = state.index.get(id(t.cell))
+            if i is None:
+                raise RuntimeError(
+                    f"the traced step reads a tensor of shape {tuple(t.shape)} computed by an "
+                    "earlier step (or held by another backend) without taking it as an "
+                    "argument; pass it to the step function as an argument")
+            return t._apply_view(traced[i])
+        if isinstance(t, torch.nn.Parameter):
+            raise RuntimeError(
+                f"the traced step reads a torch.nn.Parameter of shape {tuple(t.shape)} that "
+                "belongs to no compiled module, so later changes to it could not reach the "
+                "compiled program; pass the module that holds it to cstorch.compile before "
+                "the first step")
+        return t
+    return hook
+
+
+def capture_program(step_fn, backend, call: Call, name: str) -> Program:
+    """Capture `step_fn` for this call, registering modules it uses that were not compiled."""
+    while True:
+        try:
+            return _capture(step_fn, backend, call, name)
+        except UnregisteredModule as e:
+            module = e.module
+            print(f"cstorch: {type(module).__name__} used in {name} was not passed to "
+                  f"cstorch.compile; its parameters and buffers are now state of the run as "
+                  f"model{len(backend.modules)}", file=sys.stderr)
+            backend.modules.append(module)
+            backend.state.refresh()
+
+
+def _capture(step_fn, backend, call: Call, name: str) -> Program:
+    state = backend.state
+    state.sync()
+    cells = list(state.cells)
+    n = len(cells)
+    needs_grad = state.grad_flags()
+    params = {e.cell: e.tensor for e in state.entries if e.tensor.requires_grad}
+    grad_in = [i for i in sorted(params) if params[i].grad is not None]
+    hyper_all = list(hyperparameters(backend))
+    hyper = [(o, g, k, x) for o, g, k, x, v in hyper_all if v != 0]
+    hyper_items = [(g, k, x, v) for o, g, k, x, v in hyper_all if v != 0]
+    tensors = call.tensors
+    ctx = CaptureContext()
+    info = {}
+    cleared: set = set()
+
+    traced_now: list = []
+
+    def step(*flat):
+        traced = list(flat[:n])
+        traced_now[:] = traced
+        grads = flat[n:n + len(grad_in)]
+        hyp = flat[n + len(grad_in):n + len(grad_in) + 2 * len(hyper)]
+        inputs = flat[n + len(grad_in) + 2 * len(hyper):]
+        entry_grads = {}
+        for i, g in zip(grad_in, grads):
+            traced[i].grad = g
+            entry_grads[i] = g
+        leaves = {i: traced[i] for i in params}
+        args, kwargs = call.rebuild(inputs)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_bind(backend, traced))
+            stack.enter_context(_bind_hyper(hyper_items, hyp))
+            stack.enter_context(_track_zero_grad(leaves, entry_grads, cleared))
+            token = capturing.set(ctx)
+            stack.callback(capturing.reset, token)
+            result = step_fn(*args, **kwargs)
+            new_state = [None] * n
+            for e in state.entries:
+                if new_state[e.cell] is None:
+                    new_state[e.cell] = e.get()
+        grad_out = [i for i in sorted(params) if leaves[i].grad is not None]
+        results, outs = Results.of(result)
+        outs = outs + list(ctx.closure_tensors)
+        info.update(results=results, grad_out=grad_out, dtypes=[t.dtype for t in outs])
+        return new_state + [leaves[i].grad for i in grad_out] + outs
+
+    shapes = ([_Spec(tuple(c.array.shape), c.dtype) for c in cells]
+              + [_Spec(tuple(cells[i].array.shape), cells[i].dtype) for i in grad_in]
+              + [_Spec((), torch.float32)] * (2 * len(hyper))
+              + [_Spec(tuple(t.shape), t.dtype) for t in tensors])
+    requires_grad = needs_grad + [False] * (len(shapes) - n)
+    state.capturing = True
+    on_host = {id(opt) for opt in backend.optimizers if not opt.on_device}
+    hook = register_optimizer_step_pre_hook(_refuse_optimizers(on_host))
+    try:
+        with _refuse_torch_schedulers(), _register_unseen_modules():
+            graph = bridge.capture(step, shapes, requires_grad, value_read_hint=VALUE_READ_HINT,
+                                   tensor_hook=_stray_tensor_hook(state, traced_now))
+    except bridge.TensorValueReadError as e:
+        raise RuntimeError(str(e)) from None
+    finally:
+        hook.remove()
+        state.capturing = False
+    lowered = bridge.lower(graph)
+    grad_out = info["grad_out"]
+    n_grad_in, n_hyper = len(grad_in), len(hyper)
+
+    def jax_fn(state_arrays, grads, hyper_values, inputs, rng):
+        key = jax.random.fold_in(jax.random.PRNGKey(rng[0]), rng[1])
+        flat_hyper = [hyper_values[i] for i in range(2 * n_hyper)]
+        outs = lowered(*state_arrays, *grads, *flat_hyper, *inputs, key=key)
+        return (list(outs[:n]), list(outs[n:n + len(grad_out)]), list(outs[n + len(grad_out):]))
+
+    compiled = wafer.compile_step(
+        jax_fn, ([c.array for c in cells], [cells[i].array for i in grad_in],
+                 np.zeros(2 * n_hyper, np.float32), [bridge.tensor_to_input(t) for t in tensors],
+                 np.zeros(2, np.uint32)),
+        mesh=backend.mesh, artifact_dir=backend.artifact_dir, name=name)
+    grad_rule = {i: (i in grad_in) for i in params if i not in cleared}
+    return Program(graph, jax_fn, compiled, list(state.names), grad_in, grad_out, grad_rule,
+                   hyper, info["results"], info["dtypes"], ctx.closures)
+
+
+@dataclass
+class _Spec:
+    """Shape and dtype of a state value: what capture fakes it from."""
+    shape: tuple
+    dtype: torch.dtype

@@ -1,0 +1,214 @@
+"""`@cstorch.trace`: the program cache, and calling a compiled step.
+
+A call finds its program by what programs depend on: the call's arguments (tensors by
+shape and dtype, everything else by value), the run's state layout (`RunState.version`:
+entries, ties, modules used), `requires_grad` and train/eval flags, and the optimizers'
+non-float group values and which float ones are zero. Float hyperparameters are inputs,
+so a changed learning rate reuses the program. A call dispatches the program and returns
+at once: state, gradients and returned tensors stay on the device as `DeviceTensor`s
+until something reads them.
+"""
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import torch
+
+import bridge
+from bridge.device_tensor import DeviceTensor
+from cstorch.backend import current_backend_impl
+from cstorch.tracing.arguments import fingerprint, split_call
+from cstorch.tracing.capture import Program, capture_program, capturing, hyperparameters
+from cstorch.utils.data.executor import is_checkpoint_step
+
+
+class TracedStep:
+    """The callable `@cstorch.trace` returns."""
+
+    def __init__(self, step_fn: Callable):
+        functools.update_wrapper(self, step_fn)
+        self.step_fn = step_fn
+        self.programs: dict = {}   # key -> [Program], told apart by their gradient rules
+        self.captures = 0
+        self._hyper_cache = (None, None)
+
+    @property
+    def name(self):
+        return getattr(self.step_fn, "__name__", "step")
+
+    def _key(self, backend, call):
+        state = backend.state
+        hyper_static = []
+        values = []
+        for _, group, key, index, value in hyperparameters(backend):
+            hyper_static.append((key, index, value == 0))
+            values.append(value)
+        groups = tuple(
+            tuple((k, fingerprint(v)) for k, v in group.items()
+                  if k != "params" and type(v) is not float and not isinstance(v, torch.Tensor)
+                  and not (type(v) is tuple and any(type(x) is float for x in v)))
+            for opt in backend.optimizers for group in opt.param_groups)
+        key = (call.key, state.version, tuple(m.training for m in state.modules()),
+               tuple(e.tensor.requires_grad for e in state.entries), tuple(hyper_static), groups)
+        return key, values
+
+    def _program(self, backend, call):
+        key, values = self._key(backend, call)
+        candidates = self.programs.setdefault(key, [])
+        state = backend.state
+        if not backend.retrace_every_iteration:
+            for program in candidates:
+                if all((_grad_of(state, i) is not None) == present
+                       for i, present in program.grad_rule.items()):
+                    return program, values
+        program = capture_program(self.step_fn, backend, call, self.name)
+        self.captures += 1
+        # Registering modules during capture changes the state layout: key by the result.
+        key, values = self._key(backend, call)
+        self.programs.setdefault(key, []).append(program)
+        return program, values
+
+    def _hyper_array(self, program, values):
+        wanted = [v for v in values if v != 0]
+        cached_values, cached = self._hyper_cache
+        if cached_values != wanted:
+            cached = np.asarray(wanted + [1 - v for v in wanted], np.float32)
+            self._hyper_cache = (wanted, cached)
+        return cached
+
+    def __call__(self, *args, **kwargs):
+        if capturing.get() is not None:
+            return self.step_fn(*args, **kwargs)
+        backend = current_backend_impl(create=True)
+        state = backend.state
+        state.sync()
+        call = split_call(args, kwargs)
+        program, values = self._program(backend, call)
+        cells = state.cells
+        grads_in = [_grad_of(state, i).cell.array for i in program.grad_inputs]
+        inputs = [bridge.tensor_to_input(t) for t in call.tensors]
+        new_state, grads, outs = program.compiled(
+            [c.array for c in cells], grads_in, self._hyper_array(program, values), inputs,
+            _rng(backend))
+        for cell, array in zip(cells, new_state):
+            cell.array = array
+        backend.step_count += 1
+        _set_grads(state, program, grads)
+        values = [DeviceTensor.of(a, dt) for a, dt in zip(outs, program.out_dtypes)]
+        n_results = len(program.results.positions)
+        self._run_closures(program, values[n_results:])
+        return program.results.rebuild(values[:n_results])
+
+    @staticmethod
+    def _run_closures(program, values):
+        import torch.utils._pytree as pytree
+        it = iter(values)
+        for call in program.closures:
+            leaves = list(call.leaves)
+            for pos in call.tensor_positions:
+                leaves[pos] = next(it)
+            if call.checkpoint_only and not is_checkpoint_step():
+                continue
+            args, kwargs = pytree.tree_unflatten(leaves, call.spec)
+            call.fn(*args, **kwargs)
+
+    # JAX-native access ----------------------------------------------------------------
+    def to_jax(self, *args, **kwargs) -> "JaxStep":
+        """The pure JAX function of this step for these arguments, with the current state.
+
+        Captures the step if it has not been captured for arguments like these; runs nothing.
+        """
+        backend = current_backend_impl(create=True)
+        backend.state.sync()
+        call = split_call(args, kwargs)
+        program, values = self._program(backend, call)
+        state = backend.state
+        named = dict(zip(program.names, (c.array for c in state.cells)))
+        for i in program.grad_inputs:
+            named[f"{program.names[i]}.grad"] = _grad_of(state, i).cell.array
+        for (o, g, key, index), value in zip(program.hyper, [v for v in values if v != 0]):
+            named[_hyper_name(backend, o, g, key, index)] = np.float32(value)
+        return JaxStep(program, named, [bridge.tensor_to_input(t) for t in call.tensors],
+                       _rng(backend), backend)
+
+
+def _hyper_name(backend, o, group, key, index):
+    opt = backend.optimizers[o]
+    g = next(i for i, grp in enumerate(opt.param_groups) if grp is group)
+    return f"{opt._prefix}.param_groups.{g}.{key}" + ("" if index is None else f".{index}")
+
+
+def _grad_of(state, cell):
+    """The torch-side gradient of the parameter held in `cell`, or None."""
+    for e in state.entries:
+        if e.cell == cell and e.tensor.requires_grad:
+            return e.tensor.grad
+    return None
+
+
+def _set_grads(state, program, grads):
+    """Give the parameters the gradients the step left (None where it left none)."""
+    arrays = dict(zip(program.grad_outputs, grads))
+    done = set()
+    for e in state.entries:
+        if not e.tensor.requires_grad or id(e.tensor) in done:
+            continue
+        done.add(id(e.tensor))
+        array = arrays.get(e.cell)
+        e.tensor.grad = None if array is None else DeviceTensor.of(array, e.tensor.dtype)
+
+
+def _rng(backend):
+    """(seed, step): the step's PRNG key is folded from these inside the program, so a
+    run is reproducible from `torch.manual_seed` and each step draws new numbers."""
+    return np.array([torch.initial_seed() % (2 ** 32), backend.step_count % (2 ** 32)], np.uint32)
+
+
+@dataclass
+class JaxStep:
+    """A traced step as plain JAX.
+
+    ``fn(state, inputs, rng) -> (new_state, outputs)`` is a pure function of JAX arrays:
+    `state` maps each state tensor's name (``model.0.weight``,
+    ``optimizer.state.0.momentum_buffer``), each gradient the step reads (``model.0.weight.grad``)
+    and each float hyperparameter (``optimizer.param_groups.0.lr``) to its array; `inputs`
+    is the list of the call's tensor arguments in flattening order, `rng` a uint32 pair
+    (seed, step) random ops draw their key from. `new_state` has the same names, with the
+    gradients the step leaves as ``NAME.grad``. Call it under `jax.jit`, `jax.grad`,
+    `jax.make_jaxpr` or anything else JAX offers.
+    """
+    program: Program
+    state: dict
+    inputs: list
+    rng: Any
+    backend: Any
+
+    def fn(self, state: dict, inputs, rng):
+        p = self.program
+        names = p.names
+        hyper_names = [_hyper_name(self.backend, *h) for h in p.hyper]
+        values = [jax.numpy.asarray(state[n], jax.numpy.float32) for n in hyper_names]
+        # The compiled step gets complements computed in double precision on the host;
+        # here they follow the (possibly traced) values.
+        hyper = jax.numpy.stack(values + [1 - v for v in values]) if values \
+            else jax.numpy.zeros(0, jax.numpy.float32)
+        new_state, grads, outs = p.jax_fn(
+            [state[n] for n in names], [state[f"{names[i]}.grad"] for i in p.grad_inputs],
+            hyper, list(inputs), rng)
+        result = dict(zip(names, new_state))
+        result.update({f"{names[i]}.grad": g for i, g in zip(p.grad_outputs, grads)})
+        result.update({n: state[n] for n in hyper_names})
+        return result, outs
+
+    @property
+    def args(self):
+        """(state, inputs, rng): the arguments that reproduce the step as it would run now."""
+        return self.state, self.inputs, self.rng
+
+    def stablehlo(self) -> str:
+        return jax.jit(self.fn).lower(*self.args).as_text()
+
+    def jaxpr(self):
+        return jax.make_jaxpr(self.fn)(*self.args)

@@ -1,0 +1,375 @@
+"""Run state owned by name on the device: every change a user makes between traced steps
+is seen (compared with eager PyTorch on the same seed) or refused with a clear error."""
+import copy
+
+import jax
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cstorch
+
+RTOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def fresh_backend():
+    cstorch.backend("CPU")
+    yield
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def batches(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(12, 8, generator=g), torch.randint(0, 3, (12,), generator=g)) for _ in range(n)]
+
+
+def close(a, b, rtol=RTOL):
+    a, b = torch.as_tensor(a).detach(), torch.as_tensor(b).detach()
+    assert torch.allclose(a, b, rtol=rtol, atol=1e-6), (a - b).abs().max()
+
+
+def assert_same_params(model, ref):
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        close(p, q)
+
+
+def train_step(compiled, optimizer, loss_fn=F.cross_entropy):
+    @cstorch.trace
+    def step(x, y):
+        loss = loss_fn(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+    return step
+
+
+def eager_step(model, optimizer, x, y, loss_fn=F.cross_entropy):
+    loss = loss_fn(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def pair(lr=0.1, momentum=0.9, seed=0):
+    model, ref = mlp(seed), mlp(seed)
+    compiled = cstorch.compile(model)
+    opt = cstorch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr, momentum=momentum)
+    return model, compiled, opt, ref, ref_opt
+
+
+def test_data_writes_between_steps_are_seen():
+    """WGAN weight clipping through `.data`, and `.data = new tensor` re-initialisation."""
+    model, compiled, opt, ref, ref_opt = pair()
+    step = train_step(compiled, opt)
+    for i, (x, y) in enumerate(batches(6)):
+        close(step(x, y), eager_step(ref, ref_opt, x, y))
+        for p, q in zip(model.parameters(), ref.parameters()):
+            p.data.clamp_(-0.1, 0.1)
+            q.data.clamp_(-0.1, 0.1)
+        if i == 3:
+            new = torch.randn(model[0].weight.shape)
+            model[0].weight.data = new.clone()
+            ref[0].weight.data = new.clone()
+    assert_same_params(model, ref)
+    assert step.captures == 1
+
+
+def test_every_write_path_reaches_the_device():
+    """In-place ops, copy_, load_state_dict, nn.init and views all write the device value."""
+    model, compiled, opt, ref, ref_opt = pair()
+    step = train_step(compiled, opt)
+    data = batches(5)
+    edits = [
+        lambda m: m[0].weight.mul_(0.5),
+        lambda m: m[2].bias.copy_(torch.arange(3.0)),
+        lambda m: m.load_state_dict({k: v * 0.9 for k, v in m.state_dict().items()}),
+        lambda m: (torch.manual_seed(5), torch.nn.init.kaiming_uniform_(m[2].weight)),
+        lambda m: m[0].weight[0].fill_(0.25),
+    ]
+    for (x, y), edit in zip(data, edits):
+        close(step(x, y), eager_step(ref, ref_opt, x, y))
+        with torch.no_grad():
+            edit(model)
+            edit(ref)
+        assert_same_params(model, ref)
+    x, y = data[0]
+    close(step(x, y), eager_step(ref, ref_opt, x, y))
+    assert_same_params(model, ref)
+
+
+def test_progressive_unfreezing():
+    model, compiled, opt, ref, ref_opt = pair()
+    for m in (model, ref):
+        m[0].weight.requires_grad_(False)
+    step = train_step(compiled, opt)
+    for i, (x, y) in enumerate(batches(6)):
+        if i == 3:
+            model[0].weight.requires_grad_(True)
+            ref[0].weight.requires_grad_(True)
+        close(step(x, y), eager_step(ref, ref_opt, x, y))
+    assert_same_params(model, ref)
+    assert not torch.equal(model[0].weight.detach(), mlp(0)[0].weight.detach())
+    assert step.captures == 2
+
+
+def test_gradients_accumulate_across_traced_calls():
+    model, compiled, opt, ref, ref_opt = pair()
+
+    @cstorch.trace
+    def backward(x, y):
+        loss = F.cross_entropy(compiled(x), y)
+        loss.backward()
+        return loss
+
+    @cstorch.trace
+    def update():
+        opt.step()
+        opt.zero_grad()
+
+    data = batches(6)
+    for i in range(0, 6, 2):
+        for x, y in data[i:i + 2]:
+            close(backward(x, y), F.cross_entropy(ref(x), y).backward() or F.cross_entropy(ref(x), y))
+        close(model[0].weight.grad, ref[0].weight.grad)
+        update()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert model[0].weight.grad is None
+    assert_same_params(model, ref)
+
+
+def test_grad_after_a_step_is_the_step_gradient():
+    model, compiled, opt, ref, ref_opt = pair()
+    step = train_step(compiled, opt)
+    for x, y in batches(3):
+        step(x, y)
+        eager_step(ref, ref_opt, x, y)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            close(p.grad, q.grad)
+    assert step.captures == 1
+
+
+def test_uncompiled_teacher_is_registered_with_a_notice(capfd):
+    model, compiled, opt, ref, ref_opt = pair()
+    teacher, ref_teacher = mlp(7), mlp(7)
+
+    @cstorch.trace
+    def step(x, y):
+        with torch.no_grad():
+            soft = F.softmax(teacher(x), -1)
+        loss = F.cross_entropy(compiled(x), soft)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    for i, (x, y) in enumerate(batches(4)):
+        with torch.no_grad():
+            ref_soft = F.softmax(ref_teacher(x), -1)
+        ref_loss = F.cross_entropy(ref(x), ref_soft)
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        ref_opt.step()
+        close(step(x, y), ref_loss)
+        with torch.no_grad():  # later edits of the teacher are seen
+            teacher[0].weight.mul_(1.5)
+            ref_teacher[0].weight.mul_(1.5)
+    assert "was not passed to cstorch.compile" in capfd.readouterr().err
+    assert_same_params(model, ref)
+
+
+def test_ema_copy_needs_compile_or_is_refused():
+    model, compiled, opt, ref, ref_opt = pair()
+    ema = copy.deepcopy(model)
+
+    @cstorch.trace
+    def step(x, y):
+        loss = F.cross_entropy(compiled(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            for pe, p in zip(ema.parameters(), model.parameters()):
+                pe.mul_(0.9).add_(p, alpha=0.1)
+        return loss
+
+    x, y = batches(1)[0]
+    with pytest.raises(RuntimeError, match="belongs to no compiled module.*cstorch.compile"):
+        step(x, y)
+    ref_ema = copy.deepcopy(ref)
+    cstorch.compile(ema)
+    for x, y in batches(4):
+        close(step(x, y), eager_step(ref, ref_opt, x, y))
+        with torch.no_grad():
+            for pe, p in zip(ref_ema.parameters(), ref.parameters()):
+                pe.mul_(0.9).add_(p, alpha=0.1)
+    assert_same_params(ema, ref_ema)
+
+
+def test_weights_tied_after_compile():
+    torch.manual_seed(0)
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 6, bias=False), torch.nn.Tanh(),
+                                   torch.nn.Linear(6, 6, bias=False))
+    model, ref = make(), make()
+    compiled = cstorch.compile(model)
+    model[2].weight = model[0].weight
+    ref[2].weight = ref[0].weight
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    step = train_step(compiled, opt, F.mse_loss)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(4):
+        x, y = torch.randn(5, 6, generator=g), torch.randn(5, 6, generator=g)
+        close(step(x, y), eager_step(ref, ref_opt, x, y, F.mse_loss))
+    assert model[2].weight is model[0].weight
+    close(model[2].weight, ref[2].weight)
+    close(model[0].weight, ref[0].weight)
+
+
+def test_submodule_replaced_after_compile():
+    model, compiled, _, ref, _ = pair()
+    torch.manual_seed(11)
+    model[2] = torch.nn.Linear(16, 3)
+    torch.manual_seed(11)
+    ref[2] = torch.nn.Linear(16, 3)
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    step = train_step(compiled, opt)
+    for x, y in batches(4):
+        close(step(x, y), eager_step(ref, ref_opt, x, y))
+    assert_same_params(model, ref)
+
+
+def test_loss_objects_keyed_by_their_state_not_identity():
+    model, compiled, opt, ref, ref_opt = pair()
+    fns = [torch.nn.CrossEntropyLoss(label_smoothing=0.0), torch.nn.CrossEntropyLoss(label_smoothing=0.3)]
+
+    @cstorch.trace
+    def step(x, y, loss_fn):
+        loss = loss_fn(compiled(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    for i, (x, y) in enumerate(batches(6)):
+        fn = fns[i % 2]
+        close(step(x, y, fn), eager_step(ref, ref_opt, x, y, fn))
+    assert step.captures == 2
+    same = torch.nn.CrossEntropyLoss(label_smoothing=0.3)   # a new object, same state
+    x, y = batches(1)[0]
+    close(step(x, y, same), eager_step(ref, ref_opt, x, y, same))
+    assert step.captures == 2
+
+
+def test_parameter_from_lazy_zeros_stays_off_the_host():
+    class Model(torch.nn.Module):
+        def __init__(self, zeros):
+            super().__init__()
+            self.w = torch.nn.Parameter(zeros((8, 3)))
+            self.b = torch.nn.Parameter(zeros(3))
+
+        def forward(self, x):
+            return x @ self.w + self.b
+
+    model = Model(cstorch.zeros)
+    assert not model.w.is_materialized
+    ref = Model(torch.zeros)
+    compiled = cstorch.compile(model)
+    assert isinstance(model.w, torch.nn.Parameter)
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    step = train_step(compiled, opt)
+    for x, y in batches(3):
+        close(step(x, y), eager_step(ref, ref_opt, x, y))
+    close(model.w, ref.w)
+
+
+def _compile_counter():
+    count = [0]
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            count[0] += 1
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    return count
+
+
+def test_torch_step_lr_between_steps_reuses_the_program():
+    model, compiled, opt, ref, ref_opt = pair()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.7)
+    step = train_step(compiled, opt)
+    data = batches(10)
+    close(step(*data[0]), eager_step(ref, ref_opt, *data[0]))  # warm: the one compile
+    sched.step()
+    ref_sched.step()
+    compiles = _compile_counter()
+    for x, y in data[1:]:
+        close(step(x, y), eager_step(ref, ref_opt, x, y))
+        sched.step()
+        ref_sched.step()
+    assert step.captures == 1
+    assert compiles[0] == 0
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.7 ** 10)
+    assert_same_params(model, ref)
+
+
+def test_torch_scheduler_inside_a_step_is_refused():
+    model, compiled, opt, ref, ref_opt = pair()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+
+    @cstorch.trace
+    def step(x, y):
+        loss = F.cross_entropy(compiled(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        return loss
+
+    with pytest.raises(RuntimeError, match=r"cstorch\.optim\.lr_scheduler\.StepLR"):
+        step(*batches(1)[0])
+
+
+def test_steps_do_not_wait_on_the_device():
+    model, compiled, opt, ref, ref_opt = pair()
+    seen, calls = [], [0]
+
+    @cstorch.step_closure
+    def every_tenth(loss):
+        if calls[0] % 10 == 0:
+            seen.append(float(loss))
+        calls[0] += 1
+
+    @cstorch.trace
+    def step(x, y):
+        loss = F.cross_entropy(compiled(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        every_tenth(loss)
+        return loss
+
+    ref_losses = []
+    for i, (x, y) in enumerate(batches(50)):
+        if i % 10 == 0:
+            step(x, y)
+        else:
+            with jax.transfer_guard_device_to_host("disallow"):
+                step(x, y)
+        ref_losses.append(eager_step(ref, ref_opt, x, y).item())
+    assert calls[0] == 50
+    assert seen == pytest.approx(ref_losses[::10], rel=RTOL)
+    assert_same_params(model, ref)
