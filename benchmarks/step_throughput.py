@@ -1,9 +1,11 @@
 """Training-step throughput: a traced cstorch step against eager PyTorch, same process.
 
-    python benchmarks/step_throughput.py [--steps 30]
+    python benchmarks/step_throughput.py [--steps 30] [--mlp-steps 300] [--repeats 5]
 
-Both run the same GPT (SGD with momentum, gradient clipping) on the same batches; the
-table gives steps per second and the ratio cstorch / eager.
+Two tables. Per-step overhead on a tiny MLP (benchmarks/mlp_step.py): eager PyTorch, a
+hand-written `jax.jit` step and the traced step, as milliseconds per step and speed
+relative to the hand-written JAX step. Throughput on small GPTs (SGD with momentum,
+gradient clipping) on the same batches: steps per second and the ratio cstorch / eager.
 """
 import argparse
 import copy
@@ -17,6 +19,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import cerebras.pytorch as cstorch  # noqa: E402
 from benchmarks._report import write_section  # noqa: E402
+from benchmarks import mlp_step  # noqa: E402
 from examples.train_gpt import TinyGPT, next_token_loss, update  # noqa: E402
 
 
@@ -33,7 +36,10 @@ def timed(run, batches, warmup=3):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--mlp-steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    mlp_table = mlp_step.table(args.mlp_steps, args.repeats)
     rows = []
     for dim, layers, batch in ((64, 2, 16), (128, 4, 16)):
         torch.manual_seed(0)
@@ -68,12 +74,17 @@ def main():
     table = ["| model | eager PyTorch (steps/s) | cstorch traced (steps/s) | ratio |",
              "| --- | --- | --- | --- |"]
     table += [f"| {m} | {e:.1f} | {o:.1f} | {r:.2f}x |" for m, e, o, r in rows]
+    import jax
     text = ("## Training-step throughput\n\n"
-            f"`python benchmarks/step_throughput.py --steps {args.steps}` on "
-            f"{platform.machine()} with {os.cpu_count()} cores, torch {torch.__version__}, "
-            f"after 3 warm-up steps (capture and compilation excluded). Run it on an otherwise idle "
-            f"machine: eager PyTorch's OpenMP threads slow down sharply when other processes "
-            f"load the cores, which inflates the ratio.\n\n" + "\n".join(table))
+            f"`python benchmarks/step_throughput.py --steps {args.steps} --mlp-steps "
+            f"{args.mlp_steps} --repeats {args.repeats}` on {platform.machine()} with "
+            f"{os.cpu_count()} cores, torch {torch.__version__}, jax {jax.__version__}. Run it on "
+            f"an otherwise idle machine: eager PyTorch's OpenMP threads slow down sharply when "
+            f"other processes load the cores, which inflates the ratio.\n\n"
+            f"Per-step overhead: each peer runs {args.mlp_steps} steps per pass, one warm-up pass "
+            f"then {args.repeats} timed passes (capture and compilation excluded); median and "
+            f"spread over the passes.\n\n" + mlp_table + "\n\n"
+            "Throughput after 3 warm-up steps:\n\n" + "\n".join(table))
     print(text)
     write_section("step_throughput", text)
 

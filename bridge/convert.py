@@ -4,6 +4,8 @@ JAX runs with 64-bit types off by default, so int64 and float64 tensors live on 
 device as int32 and float32; values cross back to torch in the tensor's own dtype.
 CPU values cross without a copy through dlpack where the dtypes agree.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -30,12 +32,22 @@ _TORCH_TO_NUMPY = {
 _NUMPY_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_NUMPY.items()}
 
 
+# Dtypes whose host tensors a program takes as they are (same dtype on the device).
+_INPUT_AS_IS = {torch.float32, torch.int32, torch.bool, torch.uint8, torch.int8, torch.int16,
+                torch.float16}
+
+
 def to_jax_dtype(dtype: torch.dtype):
     """The dtype a JAX array holding a tensor of `dtype` has (canonicalised for x64 mode)."""
     try:
-        return jax.dtypes.canonicalize_dtype(_TORCH_TO_NUMPY[dtype])
+        return _jax_dtype(dtype, jax.config.jax_enable_x64)
     except KeyError:
         raise TypeError(f"torch dtype {dtype} has no JAX equivalent") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_dtype(dtype, x64):
+    return jax.dtypes.canonicalize_dtype(_TORCH_TO_NUMPY[dtype])
 
 
 def to_torch_dtype(dtype) -> torch.dtype:
@@ -94,6 +106,11 @@ def tensor_to_jax(t: torch.Tensor, sharding=None) -> jax.Array:
 def tensor_to_input(t: torch.Tensor):
     """What a compiled program takes for `t`: its array if `t` lives on the device, else a
     host numpy array the executable copies in itself (no extra dispatch per input)."""
+    if type(t) is torch.Tensor and not t.requires_grad:
+        if t.dtype in _INPUT_AS_IS:
+            return t.numpy()
+        if t.dtype is torch.int64 and not jax.config.jax_enable_x64:
+            return t.numpy().astype(np.int32)
     from bridge.device_tensor import DeviceTensor
     if isinstance(t, DeviceTensor) and not t.is_view:
         return t.cell.array

@@ -18,6 +18,7 @@ from bridge.convert import jax_to_tensor, tensor_to_jax, tensor_to_numpy
 
 _aten = torch.ops.aten
 _ALIASES = {_aten.detach.default, _aten.alias.default}
+_GRAD = torch._C.TensorBase.grad
 
 
 class Cell:
@@ -56,18 +57,19 @@ class DeviceTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, cell: Cell, view=(), shape=None, dtype=None, requires_grad=False):
-        shape = tuple(cell.array.shape) if shape is None else tuple(shape)
+        shape = cell.array.shape if shape is None else shape
         return torch.Tensor._make_wrapper_subclass(
             cls, shape, dtype=dtype or cell.dtype, device="cpu", requires_grad=requires_grad)
 
     def __init__(self, cell: Cell, view=(), shape=None, dtype=None, requires_grad=False):
         self.cell = cell
-        self.view_ops = tuple(view)
+        self.view_ops = view if type(view) is tuple else tuple(view)
 
     @classmethod
-    def of(cls, array, dtype: torch.dtype) -> "DeviceTensor":
-        """A device tensor holding `array` in a cell of its own."""
-        return cls(Cell(array, dtype))
+    def of(cls, array, dtype: torch.dtype, shape=None) -> "DeviceTensor":
+        """A device tensor holding `array` (whose shape is `shape`, if known) in a cell of
+        its own."""
+        return cls(Cell(array, dtype), (), shape, dtype)
 
     @property
     def is_view(self) -> bool:
@@ -102,7 +104,70 @@ class DeviceTensor(torch.Tensor):
         with torch.no_grad():
             self.copy_(value)
 
+    # gradients a traced step left: arrays until `.grad` is read ------------------------
+    @property
+    def grad(self):
+        slot = self.__dict__.get("grad_slot")
+        if slot is not None and slot.value is not _UNCHANGED:
+            value, slot.value = slot.value, _UNCHANGED
+            _GRAD.__set__(self, None if value is None else DeviceTensor.of(unpack(value), self.dtype))
+        return _GRAD.__get__(self)
+
+    @grad.setter
+    def grad(self, value):
+        slot = self.__dict__.get("grad_slot")
+        if slot is not None:
+            slot.value = _UNCHANGED
+        _GRAD.__set__(self, value)
+
+    def step_grad_slot(self) -> "GradSlot":
+        """The slot a traced step writes this tensor's new gradient (an array, or None for
+        no gradient) into; the tensor is built when `.grad` is next read."""
+        slot = self.__dict__.get("grad_slot")
+        if slot is None:
+            slot = self.__dict__["grad_slot"] = GradSlot()
+            if self.requires_grad:
+                # Eager autograd accumulates into the C++ gradient slot, past the property:
+                # bring a pending gradient in first so accumulation starts from it.
+                self.register_hook(self._materialize_grad)
+        return slot
+
+    def _materialize_grad(self, incoming):
+        self.grad  # noqa: B018
+        return None
+
+    def grad_array(self):
+        """The gradient's device array (None without one), without building a tensor."""
+        slot = self.__dict__.get("grad_slot")
+        if slot is not None and slot.value is not _UNCHANGED:
+            return None if slot.value is None else unpack(slot.value)
+        grad = _GRAD.__get__(self)
+        return None if grad is None else tensor_to_jax(grad)
+
+    def has_grad(self) -> bool:
+        slot = self.__dict__.get("grad_slot")
+        if slot is not None and slot.value is not _UNCHANGED:
+            return slot.value is not None
+        return _GRAD.__get__(self) is not None
+
     # host access without the dispatcher ---------------------------------------------
+    def item(self):
+        if not self.view_ops:
+            return self.cell.array.item()
+        return self.host_view().item()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __bool__(self):
+        return bool(self.item())
+
+    def __index__(self):
+        return int(self.item())
+
     def numpy(self, *, force=False):
         return tensor_to_numpy(self.host())
 
@@ -159,6 +224,37 @@ class DeviceTensor(torch.Tensor):
     def host_view(self) -> torch.Tensor:
         """The value on the host, possibly sharing memory with the device: read only."""
         return self._apply_view(self.cell.host())
+
+
+_UNCHANGED = object()
+
+
+class GradSlot:
+    """A gradient a traced step left for a device tensor, not yet made a tensor: a JAX
+    array, a `Packed` part of one, or None (no gradient)."""
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = _UNCHANGED
+
+
+class Packed:
+    """The part of a flat array that holds one tensor's value: programs return many small
+    gradients as one array, since every returned array costs a fixed time per call."""
+    __slots__ = ("flat", "offset", "shape")
+
+    def __init__(self, flat, offset, shape):
+        self.flat, self.offset, self.shape = flat, offset, shape
+
+
+def unpack(value):
+    """The array a gradient slot's value stands for."""
+    if isinstance(value, Packed):
+        size = 1
+        for d in value.shape:
+            size *= d
+        return value.flat[value.offset:value.offset + size].reshape(value.shape)
+    return value
 
 
 def _rebuild_host_tensor(value, requires_grad):

@@ -61,7 +61,8 @@ def _cast_like_meta(node, result):
 def lower(gm: fx.GraphModule):
     """The JAX function of `gm`: ``fn(*flat_inputs, key=None) -> list of outputs``.
 
-    `key` is the PRNG key random ops draw from; graphs without random ops ignore it.
+    `key` is the PRNG key random ops draw from, or a function that makes it (called only
+    if the graph has random ops); graphs without random ops ignore it.
     Tensors the graph holds as constants become constants of the JAX function.
     """
     check_lowerable(gm)

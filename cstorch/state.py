@@ -80,6 +80,7 @@ class RunState:
         self.capturing = False
         self.index: dict[int, int] = {}  # id(cell) -> its position in `cells`
         self._submodules: list = []
+        self._watched: list[Entry] = []
         # During a refresh: id(host tensor) -> (host tensor, device tensor that replaced it),
         # so a tensor held in two places (tied weights, an optimizer's params) stays one cell.
         self._replaced = {}
@@ -122,6 +123,8 @@ class RunState:
             [(e.cell, id(e.table), e.key) for e in entries] != \
             [(e.cell, id(e.table), e.key) for e in self.entries]
         self.cells, self.names, self.entries = cells, names, entries
+        # Module tables report their own writes; other entries are checked before each step.
+        self._watched = [e for e in entries if not isinstance(e.table, TrackedTable)]
         self.index = index
         self._submodules = submodules
         if changed:
@@ -164,8 +167,13 @@ class RunState:
 
     def sync(self):
         """Before a step: adopt whatever the torch side put in place of a state tensor."""
-        if self.dirty or any(e.get() is not e.tensor for e in self.entries):
+        if self.dirty:
             self.refresh()
+            return
+        for e in self._watched:
+            if e.get() is not e.tensor:
+                self.refresh()
+                return
 
     def cell_of(self, tensor) -> int | None:
         if isinstance(tensor, DeviceTensor) and not tensor.is_view:

@@ -19,11 +19,16 @@ _keys = contextvars.ContextVar("bridge_random_keys", default=None)
 
 
 class KeyStream:
+    """Keys for the random ops of one lowered graph. `key` may be a function that makes
+    the key, so a graph without random ops never computes one."""
+
     def __init__(self, key):
         self.key = key
         self.count = 0
 
     def next(self):
+        if callable(self.key):
+            self.key = self.key()
         self.count += 1
         return jax.random.fold_in(self.key, self.count)
 

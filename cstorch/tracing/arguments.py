@@ -80,6 +80,8 @@ class Call:
 
     @property
     def tensors(self):
+        if isinstance(self.spec, tuple):
+            return self.leaves
         return [self.leaves[i] for i in self.positions]
 
     def rebuild(self, tensors):
@@ -96,8 +98,7 @@ def split_call(args, kwargs) -> Call:
     if not kwargs and all(type(a) is torch.Tensor for a in args):
         # The common call, flattened without the generic tree walk.
         spec = ("flat", len(args))
-        return Call(spec, list(args), list(range(len(args))),
-                    (spec, tuple((tuple(a.shape), a.dtype) for a in args)))
+        return Call(spec, args, range(len(args)), (spec, tuple([(a.shape, a.dtype) for a in args])))
     leaves, spec = pytree.tree_flatten((args, kwargs))
     positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     key = (spec, tuple(("T", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor)
@@ -120,6 +121,8 @@ class Results:
         return cls(spec, kept, positions), [leaves[i] for i in positions]
 
     def rebuild(self, tensors):
+        if self.spec.is_leaf():  # a step that returns one tensor (or one value)
+            return tensors[0] if self.positions else self.leaves[0]
         leaves = list(self.leaves)
         for pos, t in zip(self.positions, tensors):
             leaves[pos] = t

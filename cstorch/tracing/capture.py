@@ -72,7 +72,11 @@ class Program:
     hyper: list               # (optimizer index, group index, key, tuple index) of traced hyperparameters
     results: Results
     out_dtypes: list          # torch dtype of every tensor output (results, then closures)
+    out_shapes: list
     closures: list
+    uses_rng: bool = True     # whether the program draws random numbers
+    grad_plan: Any = None     # cache of tracing.step._grad_plan
+    grad_layout: Any = None   # gradients returned packed: see _grad_layout
 
 
 class UnregisteredModule(Exception):
@@ -309,7 +313,8 @@ def _capture(step_fn, backend, call: Call, name: str) -> Program:
         grad_out = [i for i in sorted(params) if leaves[i].grad is not None]
         results, outs = Results.of(result)
         outs = outs + list(ctx.closure_tensors)
-        info.update(results=results, grad_out=grad_out, dtypes=[t.dtype for t in outs])
+        info.update(results=results, grad_out=grad_out, dtypes=[t.dtype for t in outs],
+                    shapes=[tuple(t.shape) for t in outs])
         return new_state + [leaves[i].grad for i in grad_out] + outs
 
     shapes = ([_Spec(tuple(c.array.shape), c.dtype) for c in cells]
@@ -333,11 +338,17 @@ def _capture(step_fn, backend, call: Call, name: str) -> Program:
     grad_out = info["grad_out"]
     n_grad_in, n_hyper = len(grad_in), len(hyper)
 
+    layout = _grad_layout([cells[i] for i in grad_out]) if len(backend.devices) == 1 else None
+
     def jax_fn(state_arrays, grads, hyper_values, inputs, rng):
-        key = jax.random.fold_in(jax.random.PRNGKey(rng[0]), rng[1])
+        def key():
+            return jax.random.fold_in(jax.random.PRNGKey(rng[0]), rng[1])
         flat_hyper = [hyper_values[i] for i in range(2 * n_hyper)]
         outs = lowered(*state_arrays, *grads, *flat_hyper, *inputs, key=key)
-        return (list(outs[:n]), list(outs[n:n + len(grad_out)]), list(outs[n + len(grad_out):]))
+        grads_out = list(outs[n:n + len(grad_out)])
+        if layout is not None:
+            grads_out = _pack(grads_out, layout)
+        return list(outs[:n]), grads_out, list(outs[n + len(grad_out):])
 
     compiled = wafer.compile_step(
         jax_fn, ([c.array for c in cells], [cells[i].array for i in grad_in],
@@ -346,7 +357,40 @@ def _capture(step_fn, backend, call: Call, name: str) -> Program:
         mesh=backend.mesh, artifact_dir=backend.artifact_dir, name=name)
     grad_rule = {i: (i in grad_in) for i in params if i not in cleared}
     return Program(graph, jax_fn, compiled, list(state.names), grad_in, grad_out, grad_rule,
-                   hyper, info["results"], info["dtypes"], ctx.closures)
+                   hyper, info["results"], info["dtypes"], info["shapes"], ctx.closures,
+                   uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=layout)
+
+
+def _grad_layout(cells):
+    """(flat array index, offset, shape) per gradient when gradients are returned packed,
+    one flat array per dtype; None when there is nothing to gain (at most one gradient)."""
+    if len(cells) < 2:
+        return None
+    flats, sizes, layout = {}, [], []
+    for cell in cells:
+        dtype = cell.array.dtype
+        if dtype not in flats:
+            flats[dtype] = len(flats)
+            sizes.append(0)
+        f = flats[dtype]
+        layout.append((f, sizes[f], tuple(cell.array.shape)))
+        sizes[f] += int(np.prod(cell.array.shape, dtype=np.int64))
+    return layout
+
+
+def _pack(grads, layout):
+    parts = {}
+    for g, (f, _, _) in zip(grads, layout):
+        parts.setdefault(f, []).append(g.reshape(-1))
+    return [jax.numpy.concatenate(parts[f]) for f in sorted(parts)]
+
+
+def _reads_last_input(closed_jaxpr) -> bool:
+    """Whether the jaxpr uses its last input (the PRNG pair)."""
+    jaxpr = closed_jaxpr.jaxpr
+    rng = jaxpr.invars[-1]
+    return any(v is rng for eqn in jaxpr.eqns for v in eqn.invars) or \
+        any(v is rng for v in jaxpr.outvars)
 
 
 @dataclass

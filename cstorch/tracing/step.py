@@ -16,12 +16,16 @@ import jax
 import numpy as np
 import torch
 
-import bridge
-from bridge.device_tensor import DeviceTensor
+import wafer
+from bridge.convert import tensor_to_input
+from bridge.device_tensor import DeviceTensor, Packed, unpack
 from cstorch.backend import current_backend_impl
 from cstorch.tracing.arguments import fingerprint, split_call
-from cstorch.tracing.capture import Program, capture_program, capturing, hyperparameters
+from cstorch.tracing.capture import Program, capture_program, capturing
 from cstorch.utils.data.executor import is_checkpoint_step
+
+
+_PLAIN = (bool, int, str, type(None))
 
 
 class TracedStep:
@@ -33,25 +37,36 @@ class TracedStep:
         self.programs: dict = {}   # key -> [Program], told apart by their gradient rules
         self.captures = 0
         self._hyper_cache = (None, None)
+        self._rng_placeholder = None
 
     @property
     def name(self):
         return getattr(self.step_fn, "__name__", "step")
 
     def _key(self, backend, call):
+        """What the program for this call depends on, and the float hyperparameters' values."""
         state = backend.state
-        hyper_static = []
-        values = []
-        for _, group, key, index, value in hyperparameters(backend):
-            hyper_static.append((key, index, value == 0))
-            values.append(value)
-        groups = tuple(
-            tuple((k, fingerprint(v)) for k, v in group.items()
-                  if k != "params" and type(v) is not float and not isinstance(v, torch.Tensor)
-                  and not (type(v) is tuple and any(type(x) is float for x in v)))
-            for opt in backend.optimizers for group in opt.param_groups)
+        values, static = [], []
+        for opt in backend.optimizers:
+            for group in opt.param_groups:
+                for k, v in group.items():
+                    kind = type(v)
+                    if kind is float:
+                        values.append(v)
+                        static.append((k, v == 0))
+                    elif kind in _PLAIN:
+                        static.append((k, v))
+                    elif kind is tuple and any(type(x) is float for x in v):
+                        for x in v:
+                            if type(x) is float:
+                                values.append(x)
+                                static.append((k, x == 0))
+                            else:
+                                static.append((k, fingerprint(x)))
+                    elif k != "params" and not isinstance(v, torch.Tensor):
+                        static.append((k, fingerprint(v)))
         key = (call.key, state.version, tuple(m.training for m in state.modules()),
-               tuple(e.tensor.requires_grad for e in state.entries), tuple(hyper_static), groups)
+               tuple([e.tensor.requires_grad for e in state.entries]), tuple(static))
         return key, values
 
     def _program(self, backend, call):
@@ -60,8 +75,7 @@ class TracedStep:
         state = backend.state
         if not backend.retrace_every_iteration:
             for program in candidates:
-                if all((_grad_of(state, i) is not None) == present
-                       for i, present in program.grad_rule.items()):
+                if all(_has_grad(state, i) == present for i, present in program.grad_rule.items()):
                     return program, values
         program = capture_program(self.step_fn, backend, call, self.name)
         self.captures += 1
@@ -70,13 +84,21 @@ class TracedStep:
         self.programs.setdefault(key, []).append(program)
         return program, values
 
-    def _hyper_array(self, program, values):
+    def _hyper_array(self, program, values, backend):
+        """The hyperparameter vector, on the device: uploaded only when a value changed."""
         wanted = [v for v in values if v != 0]
         cached_values, cached = self._hyper_cache
         if cached_values != wanted:
-            cached = np.asarray(wanted + [1 - v for v in wanted], np.float32)
+            cached = jax.device_put(np.asarray(wanted + [1 - v for v in wanted], np.float32),
+                                    wafer.replicated(backend.mesh))
             self._hyper_cache = (wanted, cached)
         return cached
+
+    def _no_rng(self, backend):
+        """A constant stand-in for programs that draw no random numbers."""
+        if self._rng_placeholder is None:
+            self._rng_placeholder = jax.device_put(np.zeros(2, np.uint32), wafer.replicated(backend.mesh))
+        return self._rng_placeholder
 
     def __call__(self, *args, **kwargs):
         if capturing.get() is not None:
@@ -87,16 +109,25 @@ class TracedStep:
         call = split_call(args, kwargs)
         program, values = self._program(backend, call)
         cells = state.cells
-        grads_in = [_grad_of(state, i).cell.array for i in program.grad_inputs]
-        inputs = [bridge.tensor_to_input(t) for t in call.tensors]
+        grads_in = [_grad_param(state, i).grad_array() for i in program.grad_inputs]
+        inputs = [tensor_to_input(t) for t in call.tensors]
         new_state, grads, outs = program.compiled(
-            [c.array for c in cells], grads_in, self._hyper_array(program, values), inputs,
-            _rng(backend))
+            [c.array for c in cells], grads_in, self._hyper_array(program, values, backend),
+            inputs, _rng(backend) if program.uses_rng else self._no_rng(backend))
         for cell, array in zip(cells, new_state):
             cell.array = array
         backend.step_count += 1
-        _set_grads(state, program, grads)
-        values = [DeviceTensor.of(a, dt) for a, dt in zip(outs, program.out_dtypes)]
+        layout = program.grad_layout
+        for slot, index in _grad_plan(state, program):
+            if index is None:
+                slot.value = None
+            elif layout is None:
+                slot.value = grads[index]
+            else:
+                f, offset, shape = layout[index]
+                slot.value = Packed(grads[f], offset, shape)
+        values = [DeviceTensor.of(a, dt, shape)
+                  for a, dt, shape in zip(outs, program.out_dtypes, program.out_shapes)]
         n_results = len(program.results.positions)
         self._run_closures(program, values[n_results:])
         return program.results.rebuild(values[:n_results])
@@ -127,10 +158,10 @@ class TracedStep:
         state = backend.state
         named = dict(zip(program.names, (c.array for c in state.cells)))
         for i in program.grad_inputs:
-            named[f"{program.names[i]}.grad"] = _grad_of(state, i).cell.array
+            named[f"{program.names[i]}.grad"] = _grad_param(state, i).grad_array()
         for (o, g, key, index), value in zip(program.hyper, [v for v in values if v != 0]):
             named[_hyper_name(backend, o, g, key, index)] = np.float32(value)
-        return JaxStep(program, named, [bridge.tensor_to_input(t) for t in call.tensors],
+        return JaxStep(program, named, [tensor_to_input(t) for t in call.tensors],
                        _rng(backend), backend)
 
 
@@ -140,24 +171,31 @@ def _hyper_name(backend, o, group, key, index):
     return f"{opt._prefix}.param_groups.{g}.{key}" + ("" if index is None else f".{index}")
 
 
-def _grad_of(state, cell):
-    """The torch-side gradient of the parameter held in `cell`, or None."""
+def _grad_param(state, cell):
+    """The parameter (a device tensor requiring grad) held in `cell`, or None."""
     for e in state.entries:
         if e.cell == cell and e.tensor.requires_grad:
-            return e.tensor.grad
+            return e.tensor
     return None
 
 
-def _set_grads(state, program, grads):
-    """Give the parameters the gradients the step left (None where it left none)."""
-    arrays = dict(zip(program.grad_outputs, grads))
-    done = set()
-    for e in state.entries:
-        if not e.tensor.requires_grad or id(e.tensor) in done:
-            continue
-        done.add(id(e.tensor))
-        array = arrays.get(e.cell)
-        e.tensor.grad = None if array is None else DeviceTensor.of(array, e.tensor.dtype)
+def _has_grad(state, cell) -> bool:
+    param = _grad_param(state, cell)
+    return param is not None and param.has_grad()
+
+
+def _grad_plan(state, program):
+    """(gradient slot, index into the step's gradient outputs or None) for every
+    parameter requiring grad, computed once per state layout."""
+    plan = program.grad_plan
+    if plan is None or plan[0] != state.version:
+        outputs = {cell: k for k, cell in enumerate(program.grad_outputs)}
+        targets = {}
+        for e in state.entries:
+            if e.tensor.requires_grad and id(e.tensor) not in targets:
+                targets[id(e.tensor)] = (e.tensor.step_grad_slot(), outputs.get(e.cell))
+        plan = program.grad_plan = (state.version, list(targets.values()))
+    return plan[1]
 
 
 def _rng(backend):
@@ -198,6 +236,8 @@ class JaxStep:
             [state[n] for n in names], [state[f"{names[i]}.grad"] for i in p.grad_inputs],
             hyper, list(inputs), rng)
         result = dict(zip(names, new_state))
+        if p.grad_layout is not None:
+            grads = [unpack(Packed(grads[f], offset, shape)) for f, offset, shape in p.grad_layout]
         result.update({f"{names[i]}.grad": g for i, g in zip(p.grad_outputs, grads)})
         result.update({n: state[n] for n in hyper_names})
         return result, outs
