@@ -19,6 +19,14 @@ from bridge.convert import jax_to_tensor, tensor_to_jax, tensor_to_numpy
 _aten = torch.ops.aten
 _ALIASES = {_aten.detach.default, _aten.alias.default}
 _GRAD = torch._C.TensorBase.grad
+_REQUIRES_GRAD = torch._C.TensorBase.requires_grad
+_flag_writes = [0]
+
+
+def requires_grad_writes() -> int:
+    """How many times a device tensor's `requires_grad` was set: a cache of the flags needs
+    looking at them again only when this changed."""
+    return _flag_writes[0]
 
 
 class Cell:
@@ -103,6 +111,19 @@ class DeviceTensor(torch.Tensor):
             return
         with torch.no_grad():
             self.copy_(value)
+
+    @property
+    def requires_grad(self):
+        return _REQUIRES_GRAD.__get__(self)
+
+    @requires_grad.setter
+    def requires_grad(self, value):
+        _flag_writes[0] += 1
+        _REQUIRES_GRAD.__set__(self, value)
+
+    def requires_grad_(self, requires_grad=True):
+        _flag_writes[0] += 1
+        return super().requires_grad_(requires_grad)
 
     # gradients a traced step left: arrays until `.grad` is read ------------------------
     @property
@@ -231,29 +252,28 @@ _UNCHANGED = object()
 
 class GradSlot:
     """A gradient a traced step left for a device tensor, not yet made a tensor: a JAX
-    array, a `Packed` part of one, or None (no gradient)."""
+    array, a `packed` part of one, or None (no gradient)."""
     __slots__ = ("value",)
 
     def __init__(self):
         self.value = _UNCHANGED
 
 
-class Packed:
-    """The part of a flat array that holds one tensor's value: programs return many small
-    gradients as one array, since every returned array costs a fixed time per call."""
-    __slots__ = ("flat", "offset", "shape")
-
-    def __init__(self, flat, offset, shape):
-        self.flat, self.offset, self.shape = flat, offset, shape
+def packed(flat, offset: int, shape: tuple):
+    """A gradient slot value for the part of `flat` holding one tensor's value: programs
+    return many small gradients as one array, since every returned array costs a fixed
+    time per call."""
+    return (flat, offset, shape)
 
 
 def unpack(value):
     """The array a gradient slot's value stands for."""
-    if isinstance(value, Packed):
+    if type(value) is tuple:
+        flat, offset, shape = value
         size = 1
-        for d in value.shape:
+        for d in shape:
             size *= d
-        return value.flat[value.offset:value.offset + size].reshape(value.shape)
+        return flat[offset:offset + size].reshape(shape)
     return value
 
 

@@ -20,7 +20,7 @@ import torch
 
 import wafer
 from bridge import tensor_to_jax, to_jax_dtype
-from bridge.device_tensor import Cell, DeviceTensor
+from bridge.device_tensor import Cell, DeviceTensor, requires_grad_writes
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Entry:
     cell: int = -1    # index into RunState.cells
 
     def get(self):
-        return self.table[self.key] if isinstance(self.table, list) else dict.__getitem__(self.table, self.key)
+        return self.table[self.key]
 
     def set(self, value):
         if isinstance(self.table, list):
@@ -81,6 +81,7 @@ class RunState:
         self.index: dict[int, int] = {}  # id(cell) -> its position in `cells`
         self._submodules: list = []
         self._watched: list[Entry] = []
+        self._flags = (None, ())
         # During a refresh: id(host tensor) -> (host tensor, device tensor that replaced it),
         # so a tensor held in two places (tied weights, an optimizer's params) stays one cell.
         self._replaced = {}
@@ -171,7 +172,7 @@ class RunState:
             self.refresh()
             return
         for e in self._watched:
-            if e.get() is not e.tensor:
+            if e.table[e.key] is not e.tensor:
                 self.refresh()
                 return
 
@@ -193,6 +194,13 @@ class RunState:
         """The device tensor of the cell called `name`."""
         i = self.names.index(name)
         return next(e.tensor for e in self.entries if e.cell == i)
+
+    def requires_grad_key(self) -> tuple:
+        """`requires_grad` of every state tensor, looked at again only after one was set."""
+        seen = (self.version, requires_grad_writes())
+        if self._flags[0] != seen:
+            self._flags = (seen, tuple([e.tensor.requires_grad for e in self.entries]))
+        return self._flags[1]
 
     def grad_flags(self):
         """Per cell: whether its tensor requires a gradient."""

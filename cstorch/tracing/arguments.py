@@ -70,7 +70,7 @@ def _is_compiled(module):
     return isinstance(module.__dict__.get("_parameters"), TrackedTable)
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """One call's arguments: the tensors in flattening order, and the rest."""
     spec: Any
@@ -95,7 +95,7 @@ class Call:
 
 
 def split_call(args, kwargs) -> Call:
-    if not kwargs and all(type(a) is torch.Tensor for a in args):
+    if not kwargs and all([type(a) is torch.Tensor for a in args]):
         # The common call, flattened without the generic tree walk.
         spec = ("flat", len(args))
         return Call(spec, args, range(len(args)), (spec, tuple([(a.shape, a.dtype) for a in args])))

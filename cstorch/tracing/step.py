@@ -9,6 +9,7 @@ at once: state, gradients and returned tensors stay on the device as `DeviceTens
 until something reads them.
 """
 import functools
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -18,7 +19,7 @@ import torch
 
 import wafer
 from bridge.convert import tensor_to_input
-from bridge.device_tensor import DeviceTensor, Packed, unpack
+from bridge.device_tensor import DeviceTensor, packed, unpack
 from cstorch.backend import current_backend_impl
 from cstorch.tracing.arguments import fingerprint, split_call
 from cstorch.tracing.capture import Program, capture_program, capturing
@@ -37,6 +38,7 @@ class TracedStep:
         self.programs: dict = {}   # key -> [Program], told apart by their gradient rules
         self.captures = 0
         self._hyper_cache = (None, None)
+        self._groups_cache = None
         self._rng_placeholder = None
 
     @property
@@ -46,7 +48,22 @@ class TracedStep:
     def _key(self, backend, call):
         """What the program for this call depends on, and the float hyperparameters' values."""
         state = backend.state
-        values, static = [], []
+        static, values = self._groups(backend)
+        key = (call.key, state.version, tuple([m.training for m in state.modules()]),
+               state.requires_grad_key(), static)
+        return key, values
+
+    def _groups(self, backend):
+        """(what programs depend on, float values) of the optimizers' param groups. Numbers,
+        strings and tuples are immutable, so while every value is the same object as at the
+        last call the result is too; mutable values are looked at every call."""
+        snapshot = [v for opt in backend.optimizers for group in opt.param_groups
+                    for v in group.values()]
+        cached = self._groups_cache
+        if cached is not None and len(cached[0]) == len(snapshot) and \
+                all(map(operator.is_, snapshot, cached[0])):
+            return cached[1], cached[2]
+        values, static, mutable = [], [], False
         for opt in backend.optimizers:
             for group in opt.param_groups:
                 for k, v in group.items():
@@ -56,18 +73,20 @@ class TracedStep:
                         static.append((k, v == 0))
                     elif kind in _PLAIN:
                         static.append((k, v))
-                    elif kind is tuple and any(type(x) is float for x in v):
+                    elif kind is tuple:
                         for x in v:
                             if type(x) is float:
                                 values.append(x)
                                 static.append((k, x == 0))
                             else:
                                 static.append((k, fingerprint(x)))
+                                mutable = mutable or type(x) not in _PLAIN
                     elif k != "params" and not isinstance(v, torch.Tensor):
                         static.append((k, fingerprint(v)))
-        key = (call.key, state.version, tuple(m.training for m in state.modules()),
-               tuple([e.tensor.requires_grad for e in state.entries]), tuple(static))
-        return key, values
+                        mutable = True
+        static = tuple(static)
+        self._groups_cache = None if mutable else (snapshot, static, values)
+        return static, values
 
     def _program(self, backend, call):
         key, values = self._key(backend, call)
@@ -86,12 +105,14 @@ class TracedStep:
 
     def _hyper_array(self, program, values, backend):
         """The hyperparameter vector, on the device: uploaded only when a value changed."""
-        wanted = [v for v in values if v != 0]
         cached_values, cached = self._hyper_cache
-        if cached_values != wanted:
+        if values is cached_values:  # the same list `_groups` returned last time
+            return cached
+        wanted = [v for v in values if v != 0]
+        if cached_values is None or [v for v in cached_values if v != 0] != wanted:
             cached = jax.device_put(np.asarray(wanted + [1 - v for v in wanted], np.float32),
                                     wafer.replicated(backend.mesh))
-            self._hyper_cache = (wanted, cached)
+        self._hyper_cache = (values, cached)
         return cached
 
     def _no_rng(self, backend):
@@ -117,15 +138,13 @@ class TracedStep:
         for cell, array in zip(cells, new_state):
             cell.array = array
         backend.step_count += 1
-        layout = program.grad_layout
-        for slot, index in _grad_plan(state, program):
+        for slot, index, offset, shape in _grad_plan(state, program):
             if index is None:
                 slot.value = None
-            elif layout is None:
+            elif offset is None:
                 slot.value = grads[index]
             else:
-                f, offset, shape = layout[index]
-                slot.value = Packed(grads[f], offset, shape)
+                slot.value = (grads[index], offset, shape)  # bridge.device_tensor.packed
         values = [DeviceTensor.of(a, dt, shape)
                   for a, dt, shape in zip(outs, program.out_dtypes, program.out_shapes)]
         n_results = len(program.results.positions)
@@ -185,15 +204,22 @@ def _has_grad(state, cell) -> bool:
 
 
 def _grad_plan(state, program):
-    """(gradient slot, index into the step's gradient outputs or None) for every
-    parameter requiring grad, computed once per state layout."""
+    """(gradient slot, output index, offset, shape) for every parameter requiring grad,
+    computed once per state layout: the output index is None where the step leaves no
+    gradient; offset and shape locate a packed gradient in its output (else None)."""
     plan = program.grad_plan
     if plan is None or plan[0] != state.version:
         outputs = {cell: k for k, cell in enumerate(program.grad_outputs)}
+        layout = program.grad_layout
         targets = {}
         for e in state.entries:
             if e.tensor.requires_grad and id(e.tensor) not in targets:
-                targets[id(e.tensor)] = (e.tensor.step_grad_slot(), outputs.get(e.cell))
+                k = outputs.get(e.cell)
+                if k is not None and layout is not None:
+                    where = layout[k]
+                else:
+                    where = (k, None, None)
+                targets[id(e.tensor)] = (e.tensor.step_grad_slot(), *where)
         plan = program.grad_plan = (state.version, list(targets.values()))
     return plan[1]
 
@@ -237,7 +263,7 @@ class JaxStep:
             hyper, list(inputs), rng)
         result = dict(zip(names, new_state))
         if p.grad_layout is not None:
-            grads = [unpack(Packed(grads[f], offset, shape)) for f, offset, shape in p.grad_layout]
+            grads = [unpack(packed(grads[f], offset, shape)) for f, offset, shape in p.grad_layout]
         result.update({f"{names[i]}.grad": g for i, g in zip(p.grad_outputs, grads)})
         result.update({n: state[n] for n in hyper_names})
         return result, outs
