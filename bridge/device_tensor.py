@@ -101,11 +101,12 @@ class DeviceTensor(torch.Tensor):
     def data(self, value):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"can only assign a tensor to .data, got {type(value).__name__}")
-        if tuple(value.shape) != tuple(self.shape):
+        if tuple(value.shape) != tuple(self.shape) or value.dtype != self.dtype:
             raise RuntimeError(
-                f"cannot assign a tensor of shape {tuple(value.shape)} to the .data of a tensor of "
-                f"shape {tuple(self.shape)} whose value lives on the device; assign a new "
-                "torch.nn.Parameter to the module attribute instead")
+                f"cannot assign a {value.dtype} tensor of shape {tuple(value.shape)} to the .data "
+                f"of a {self.dtype} tensor of shape {tuple(self.shape)} whose value lives on the "
+                "device; assign a new torch.nn.Parameter to the module attribute instead (or "
+                "change dtypes, as model.double() does, before cstorch.compile)")
         if value is self or (isinstance(value, DeviceTensor) and value.cell is self.cell
                              and value.view_ops == self.view_ops):
             return
@@ -206,10 +207,11 @@ class DeviceTensor(torch.Tensor):
 
     def __reduce_ex__(self, protocol):
         # Pickled (torch.save, deepcopy) as an ordinary tensor with the current value.
-        value = self.host()
+        # Reduced as the host tensor itself would be, so `torch.load(weights_only=True)` reads it.
+        value = self.host().requires_grad_(self.requires_grad)
         if getattr(self, "_is_param", False):
-            return torch.nn.Parameter, (value, self.requires_grad)
-        return _rebuild_host_tensor, (value, self.requires_grad)
+            value = torch.nn.Parameter(value, self.requires_grad)
+        return value.__reduce_ex__(protocol)
 
     def __deepcopy__(self, memo):
         value = self.host()
@@ -275,10 +277,6 @@ def unpack(value):
             size *= d
         return flat[offset:offset + size].reshape(shape)
     return value
-
-
-def _rebuild_host_tensor(value, requires_grad):
-    return value.requires_grad_(requires_grad) if requires_grad else value
 
 
 def _write_through(func, args, kwargs, written):

@@ -120,17 +120,9 @@ def _tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def _numpy_to_tensor(arr, dtype_name=None) -> torch.Tensor:
-    arr = np.asarray(arr)
-    if arr.dtype.name == "bfloat16":
-        t = torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(np.array(arr, copy=True))
-    if dtype_name:
-        from cstorch.storage.dtypes import dtype_from_name
-        dtype = dtype_from_name(dtype_name)
-        if t.dtype != dtype:
-            t = t.to(dtype)
-    return t
+    from bridge import numpy_to_tensor
+    from cstorch.storage.dtypes import dtype_from_name
+    return numpy_to_tensor(np.array(arr, copy=True), dtype_from_name(dtype_name) if dtype_name else None)
 
 
 # a run's device state -------------------------------------------------------------------

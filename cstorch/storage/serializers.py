@@ -43,10 +43,8 @@ def as_tensor(leaf):
         return leaf
     jax_array = _jax_array_type()
     if jax_array is not None and isinstance(leaf, jax_array):
-        arr = np.asarray(leaf)
-        if arr.dtype.name == "bfloat16":
-            return torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
-        return torch.from_numpy(np.array(arr, copy=True))
+        from bridge import numpy_to_tensor
+        return numpy_to_tensor(np.array(leaf, copy=True))
     return None
 
 

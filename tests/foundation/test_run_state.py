@@ -373,3 +373,40 @@ def test_steps_do_not_wait_on_the_device():
     assert calls[0] == 50
     assert seen == pytest.approx(ref_losses[::10], rel=RTOL)
     assert_same_params(model, ref)
+
+
+def test_tensors_reached_without_an_argument():
+    model, compiled, opt, ref, ref_opt = pair()
+    w, ref_w = model[0].weight, ref[0].weight   # closure variables, not arguments
+
+    @cstorch.trace
+    def step(x, y):
+        loss = F.cross_entropy(compiled(x), y) + 0.01 * (w ** 2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    losses = []
+    for x, y in batches(3):
+        losses.append(step(x, y))
+        ref_loss = F.cross_entropy(ref(x), y) + 0.01 * (ref_w ** 2).sum()
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        ref_opt.step()
+        close(losses[-1], ref_loss)
+    assert_same_params(model, ref)
+    earlier = losses[0]
+
+    @cstorch.trace
+    def reads_an_old_output(x):
+        return compiled(x).sum() * earlier
+
+    with pytest.raises(RuntimeError, match="computed by an earlier step.*as an argument"):
+        reads_an_old_output(batches(1)[0][0])
+
+
+def test_dtype_change_after_compile_is_refused():
+    model, compiled, opt, ref, ref_opt = pair()
+    with pytest.raises(RuntimeError, match="before cstorch.compile"):
+        model.double()

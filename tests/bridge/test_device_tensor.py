@@ -1,0 +1,103 @@
+"""DeviceTensor: a torch tensor whose value is a JAX array, with every write path reaching
+the array, compared with the same operations on ordinary tensors."""
+import copy
+import io
+import pickle
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from bridge.device_tensor import DeviceTensor
+
+
+def pair(shape=(3, 4), seed=0):
+    torch.manual_seed(seed)
+    host = torch.randn(shape)
+    return host, DeviceTensor.of(jnp.asarray(host.numpy()), torch.float32)
+
+
+def value(t):
+    return torch.from_numpy(np.asarray(t.cell.array))
+
+
+def test_reads_give_ordinary_tensors_with_the_value():
+    host, dev = pair()
+    assert torch.equal(dev.host(), host)
+    out = dev * 2 + 1
+    assert type(out) is torch.Tensor and torch.equal(out, host * 2 + 1)
+    assert torch.equal(dev.sum(0), host.sum(0))
+    assert dev.numpy().tolist() == host.numpy().tolist() == dev.tolist()
+    assert dev[1, 2].item() == host[1, 2].item()
+    assert float(dev[0, 0]) == float(host[0, 0])
+    assert repr(dev) == repr(host)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda t: t.mul_(3),
+    lambda t: t.data.clamp_(-0.5, 0.5),
+    lambda t: t.copy_(torch.arange(12.0).reshape(3, 4)),
+    lambda t: t[1].fill_(7.0),
+    lambda t: t.t()[0].add_(1.0),
+    lambda t: t.view(-1)[3:5].zero_(),
+    lambda t: torch.add(torch.ones(3, 4), 2, out=t),
+    lambda t: setattr(t, "data", torch.full((3, 4), 0.25)),
+    lambda t: torch.nn.init.zeros_(t),
+], ids=["mul_", "data_clamp_", "copy_", "row_fill_", "transpose_view", "flat_view", "out=",
+        "data_setter", "nn_init"])
+def test_every_write_path_reaches_the_array(edit):
+    host, dev = pair()
+    alias = dev.detach()
+    with torch.no_grad():
+        edit(host)
+        edit(dev)
+    assert torch.equal(value(dev), host)
+    assert torch.equal(alias.host(), host)  # aliases share the cell
+
+
+def test_parameter_and_module_writes():
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(4, 3)
+    module = torch.nn.Linear(4, 3)
+    module.load_state_dict(ref.state_dict())
+    for name in ("weight", "bias"):
+        p = getattr(module, name)
+        setattr(module, name, torch.nn.Parameter(DeviceTensor.of(jnp.asarray(p.detach().numpy()),
+                                                                 torch.float32)))
+    assert isinstance(module.weight, torch.nn.Parameter) and isinstance(module.weight, DeviceTensor)
+    new = {"weight": torch.randn(3, 4), "bias": torch.randn(3)}
+    module.load_state_dict(new)
+    ref.load_state_dict(new)
+    assert torch.equal(value(module.weight), ref.weight.detach())
+    x = torch.randn(5, 4)
+    module(x).sum().backward()
+    ref(x).sum().backward()
+    assert torch.allclose(module.weight.grad, ref.weight.grad)
+
+
+def test_refused_writes_say_what_to_do():
+    _, dev = pair()
+    with pytest.raises(RuntimeError, match="assign a new torch.nn.Parameter"):
+        dev.data = torch.zeros(2, 2)
+    with pytest.raises(RuntimeError, match="float64.*before cstorch.compile"):
+        dev.data = torch.zeros(3, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="set_ cannot rebind"):
+        dev.set_(torch.zeros(3, 4))
+
+
+def test_pickles_as_an_ordinary_tensor():
+    host, dev = pair()
+    param = torch.nn.Parameter(dev)
+    buf = io.BytesIO()
+    torch.save({"t": dev.detach(), "p": param}, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    assert type(loaded["t"]) is torch.Tensor and torch.equal(loaded["t"], host)
+    assert type(loaded["p"]) is torch.nn.Parameter and torch.equal(loaded["p"].detach(), host)
+    assert torch.equal(pickle.loads(pickle.dumps(dev)), host)
+    clone = copy.deepcopy(param)
+    assert type(clone) is torch.nn.Parameter and torch.equal(clone.detach(), host)
+    with torch.no_grad():
+        clone.mul_(2)
+    assert torch.equal(value(dev), host)  # the copy is independent
