@@ -100,7 +100,12 @@ def tensor_to_jax(t: torch.Tensor, sharding=None) -> jax.Array:
         a = t.cell.array
         return a if sharding is None or a.sharding == sharding else jax.device_put(a, sharding)
     host = _jax_numpy(t)
-    return jnp.asarray(host) if sharding is None else jax.device_put(host, sharding)
+    if sharding is None:
+        return jnp.asarray(host)
+    # On the CPU, device_put may keep using the memory it is given (even with
+    # may_alias=False when that memory belongs to a torch tensor): hand it a private copy,
+    # so the array never follows later writes to `t`, nor a donated buffer writes into `t`.
+    return jax.device_put(np.array(host, copy=True), sharding)
 
 
 def tensor_to_input(t: torch.Tensor):

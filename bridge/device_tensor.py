@@ -230,6 +230,12 @@ class DeviceTensor(torch.Tensor):
             return DeviceTensor(src.cell, src.view_ops, src.shape, src.dtype)
         if func is _aten.set_.source_Tensor or func is _aten.set_.default:
             raise RuntimeError("Tensor.set_ cannot rebind a tensor whose value lives on the device")
+        if func is _aten.copy_.default and isinstance(args[0], DeviceTensor) and not args[0].view_ops \
+                and tuple(args[1].shape) == tuple(args[0].shape):
+            # The whole value is replaced (load_state_dict): no need to read the old one.
+            src = args[1].host_view() if isinstance(args[1], DeviceTensor) else args[1]
+            args[0].cell.write(src.detach())
+            return args[0]
         targets = [a for i, a in enumerate(args) if _writes(func, i)]
         targets += [v for k, v in kwargs.items() if _writes(func, 0, k)]
         written = [t for t in pytree.tree_leaves(targets) if isinstance(t, DeviceTensor)]

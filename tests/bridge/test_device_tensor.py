@@ -101,3 +101,13 @@ def test_pickles_as_an_ordinary_tensor():
     with torch.no_grad():
         clone.mul_(2)
     assert torch.equal(value(dev), host)  # the copy is independent
+
+
+def test_values_never_alias_host_memory_written_later():
+    host, dev = pair()
+    src = torch.randn(3, 4)
+    expected = src.clone()
+    with torch.no_grad():
+        dev.copy_(src)
+    src.mul_(10)   # a later write to the source must not reach the device value
+    assert torch.equal(value(dev), expected)

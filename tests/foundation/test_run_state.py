@@ -410,3 +410,13 @@ def test_dtype_change_after_compile_is_refused():
     model, compiled, opt, ref, ref_opt = pair()
     with pytest.raises(RuntimeError, match="before cstorch.compile"):
         model.double()
+
+
+def test_host_tensors_held_before_compile_are_independent_copies():
+    model = mlp()
+    old = model[0].weight   # the host Parameter, replaced by a device tensor at compile
+    before = old.detach().clone()
+    cstorch.compile(model)
+    with torch.no_grad():
+        old.mul_(3)
+    assert torch.equal(model[0].weight.detach(), before)
