@@ -143,8 +143,6 @@ class RunState:
         """The run's device tensor for what `table[key]` holds, uploading it if needed."""
         if isinstance(tensor, DeviceTensor) and not tensor.is_view:
             return tensor
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"state entry {key!r} holds a {type(tensor).__name__}, not a tensor")
         if id(tensor) in self._replaced:
             device = self._replaced[id(tensor)][1]
             if isinstance(table, list):

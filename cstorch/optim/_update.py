@@ -160,6 +160,8 @@ class ElementwiseOptimizer(Optimizer):
     def preinitialize(self):
         for group in self.param_groups:
             for p in group["params"]:
+                if p in self.state:  # a group added later: earlier groups keep their state
+                    continue
                 state = self.init_state(p, group)
                 if state:  # no entry at all for stateless rules, as state_dict() shows
                     self.state[p].update(state)

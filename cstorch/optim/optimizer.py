@@ -129,17 +129,14 @@ class Optimizer(torch.optim.Optimizer, ABC):
         self._backend.state.refresh()
 
     def add_param_group(self, param_group):
+        """Add a param group; its state is created at once, like the state of the groups
+        given at construction (`preinitialize` leaves parameters that have state alone)."""
         super().add_param_group(param_group)
         backend = self.__dict__.get("_backend")
         if backend is not None:
             with torch.no_grad():
-                self.preinitialize_group(self.param_groups[-1])
+                self.preinitialize()
             backend.state.dirty = True
-
-    def preinitialize_group(self, group):
-        """Create the state of a param group added after construction (default: run
-        `preinitialize` again for parameters that have no state yet)."""
-        self.preinitialize()
 
 
 class _Notifying(dict):

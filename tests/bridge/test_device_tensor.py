@@ -19,7 +19,7 @@ def pair(shape=(3, 4), seed=0):
 
 
 def value(t):
-    return torch.from_numpy(np.asarray(t.cell.array))
+    return torch.from_numpy(np.array(t.cell.array))
 
 
 def test_reads_give_ordinary_tensors_with_the_value():

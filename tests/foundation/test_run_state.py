@@ -420,3 +420,16 @@ def test_host_tensors_held_before_compile_are_independent_copies():
     with torch.no_grad():
         old.mul_(3)
     assert torch.equal(model[0].weight.detach(), before)
+
+
+def test_param_group_added_between_steps():
+    model, compiled, _, ref, _ = pair()
+    opt = cstorch.optim.SGD(model[0].parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref[0].parameters(), lr=0.1, momentum=0.9)
+    step = train_step(compiled, opt)
+    for i, (x, y) in enumerate(batches(5)):
+        if i == 2:
+            opt.add_param_group({"params": list(model[2].parameters()), "lr": 0.05})
+            ref_opt.add_param_group({"params": list(ref[2].parameters()), "lr": 0.05})
+        close(step(x, y), eager_step(ref, ref_opt, x, y))
+    assert_same_params(model, ref)
