@@ -92,21 +92,19 @@ def cstorch_peer(model):
     return run
 
 
-def per_step_ms(run, batches, every, repeats):
-    """Median milliseconds per step over `repeats` passes over `batches`, after a warm-up
-    pass; the loss is read on the host every `every` steps and after the last one."""
-    times = []
-    for r in range(repeats + 1):
-        start = time.perf_counter()
-        for i, (x, y) in enumerate(batches):
-            last = run(x, y, i % every == 0)
-        last.item() if isinstance(last, torch.Tensor) else float(last)
-        if r:
-            times.append((time.perf_counter() - start) / len(batches) * 1e3)
-    return statistics.median(times), min(times), max(times)
+def one_pass(run, batches, every):
+    """Milliseconds per step over one pass over `batches`, the loss read on the host every
+    `every` steps and after the last one."""
+    start = time.perf_counter()
+    for i, (x, y) in enumerate(batches):
+        last = run(x, y, i % every == 0)
+    last.item() if isinstance(last, torch.Tensor) else float(last)
+    return (time.perf_counter() - start) / len(batches) * 1e3
 
 
 def rows(steps=300, repeats=5):
+    """(peer, median ms/step, min, max, speed relative to the hand-written JAX step). The
+    peers take turns pass by pass, so a slow spell of the machine hits them all alike."""
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(BATCH, WIDTH, generator=g), torch.randint(0, CLASSES, (BATCH,), generator=g))
                for _ in range(steps)]
@@ -118,9 +116,15 @@ def rows(steps=300, repeats=5):
              ("hand-written jax.jit step, loss read every 10th step", by_hand, 10),
              ("cstorch traced step, loss read every step", traced, 1),
              ("cstorch traced step, loss read every 10th step", traced, 10)]
-    results = [(name, *per_step_ms(run, batches, every, repeats)) for name, run, every in peers]
-    jax_ms = results[1][1]
-    return [(name, med, lo, hi, jax_ms / med) for name, med, lo, hi in results]
+    for _, run, every in peers:  # warm-up: capture and compilation happen here
+        one_pass(run, batches, every)
+    times = [[] for _ in peers]
+    for _ in range(repeats):
+        for t, (_, run, every) in zip(times, peers):
+            t.append(one_pass(run, batches, every))
+    jax_ms = statistics.median(times[1])
+    return [(name, statistics.median(t), min(t), max(t), jax_ms / statistics.median(t))
+            for (name, _, _), t in zip(peers, times)]
 
 
 def table(steps=300, repeats=5):

@@ -31,12 +31,22 @@ def requires_grad_writes() -> int:
 
 class Cell:
     """The mutable holder of one device value. `dtype` is the torch dtype the value has
-    on the torch side (int64 for an array JAX holds as int32)."""
-    __slots__ = ("array", "dtype", "__weakref__")
+    on the torch side (int64 for an array JAX holds as int32). The value is item `index`
+    of the list `store`: a cell's own list, or one list a run keeps for all its state, so
+    a step replaces every value with one slice assignment."""
+    __slots__ = ("store", "index", "dtype", "__weakref__")
 
     def __init__(self, array, dtype: torch.dtype):
-        self.array = array
+        self.store, self.index = [array], 0
         self.dtype = dtype
+
+    @property
+    def array(self):
+        return self.store[self.index]
+
+    @array.setter
+    def array(self, value):
+        self.store[self.index] = value
 
     def host(self) -> torch.Tensor:
         """The value on the host. It may share memory with the device array: never write
@@ -129,25 +139,25 @@ class DeviceTensor(torch.Tensor):
     # gradients a traced step left: arrays until `.grad` is read ------------------------
     @property
     def grad(self):
-        slot = self.__dict__.get("grad_slot")
-        if slot is not None and slot.value is not _UNCHANGED:
-            value, slot.value = slot.value, _UNCHANGED
-            _GRAD.__set__(self, None if value is None else DeviceTensor.of(unpack(value), self.dtype))
+        slot = self.__dict__.get("_grad_slot")
+        if slot is not None and slot.pending():
+            value = slot.take()
+            _GRAD.__set__(self, None if value is None else DeviceTensor.of(value, self.dtype))
         return _GRAD.__get__(self)
 
     @grad.setter
     def grad(self, value):
-        slot = self.__dict__.get("grad_slot")
+        slot = self.__dict__.get("_grad_slot")
         if slot is not None:
-            slot.value = _UNCHANGED
+            slot.take()
         _GRAD.__set__(self, value)
 
-    def step_grad_slot(self) -> "GradSlot":
-        """The slot a traced step writes this tensor's new gradient (an array, or None for
-        no gradient) into; the tensor is built when `.grad` is next read."""
-        slot = self.__dict__.get("grad_slot")
+    def grad_slot(self) -> "GradSlot":
+        """Where traced steps leave this tensor's gradient; the tensor is built when
+        `.grad` is next read."""
+        slot = self.__dict__.get("_grad_slot")
         if slot is None:
-            slot = self.__dict__["grad_slot"] = GradSlot()
+            slot = self.__dict__["_grad_slot"] = GradSlot()
             if self.requires_grad:
                 # Eager autograd accumulates into the C++ gradient slot, past the property:
                 # bring a pending gradient in first so accumulation starts from it.
@@ -160,16 +170,16 @@ class DeviceTensor(torch.Tensor):
 
     def grad_array(self):
         """The gradient's device array (None without one), without building a tensor."""
-        slot = self.__dict__.get("grad_slot")
-        if slot is not None and slot.value is not _UNCHANGED:
-            return None if slot.value is None else unpack(slot.value)
+        slot = self.__dict__.get("_grad_slot")
+        if slot is not None and slot.pending():
+            return slot.peek()
         grad = _GRAD.__get__(self)
         return None if grad is None else tensor_to_jax(grad)
 
     def has_grad(self) -> bool:
-        slot = self.__dict__.get("grad_slot")
-        if slot is not None and slot.value is not _UNCHANGED:
-            return slot.value is not None
+        slot = self.__dict__.get("_grad_slot")
+        if slot is not None and slot.pending():
+            return slot.where is not None
         return _GRAD.__get__(self) is not None
 
     # host access without the dispatcher ---------------------------------------------
@@ -255,23 +265,47 @@ class DeviceTensor(torch.Tensor):
         return self._apply_view(self.cell.host())
 
 
-_UNCHANGED = object()
+class GradSource:
+    """The gradients the latest step of one program left, as it returned them, and how
+    many steps of it have run."""
+    __slots__ = ("outputs", "generation")
+
+    def __init__(self):
+        self.outputs, self.generation = None, 0
+
+    def publish(self, outputs):
+        self.outputs = outputs
+        self.generation += 1
 
 
 class GradSlot:
-    """A gradient a traced step left for a device tensor, not yet made a tensor: a JAX
-    array, a `packed` part of one, or None (no gradient)."""
-    __slots__ = ("value",)
+    """One tensor's place in a `GradSource`: `where` is None (the step leaves no gradient),
+    ``(index, None, None)`` (output `index`) or ``(index, offset, shape)`` (a part of a
+    packed output). The gradient is pending until taken or overwritten."""
+    __slots__ = ("source", "where", "seen")
 
     def __init__(self):
-        self.value = _UNCHANGED
+        self.source, self.where, self.seen = None, None, 0
 
+    def bind(self, source: GradSource, where):
+        self.source, self.where, self.seen = source, where, source.generation
 
-def packed(flat, offset: int, shape: tuple):
-    """A gradient slot value for the part of `flat` holding one tensor's value: programs
-    return many small gradients as one array, since every returned array costs a fixed
-    time per call."""
-    return (flat, offset, shape)
+    def pending(self) -> bool:
+        return self.source is not None and self.seen != self.source.generation
+
+    def peek(self):
+        if self.where is None:
+            return None
+        index, offset, shape = self.where
+        array = self.source.outputs[index]
+        return array if offset is None else unpack((array, offset, shape))
+
+    def take(self):
+        if self.source is None:
+            return None
+        value = self.peek()
+        self.seen = self.source.generation
+        return value
 
 
 def unpack(value):

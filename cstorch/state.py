@@ -82,6 +82,8 @@ class RunState:
         self._submodules: list = []
         self._watched: list[Entry] = []
         self._flags = (None, ())
+        self.arrays_list: list = []
+        self.grads_from = None  # the program whose gradients the parameters' slots show
         # During a refresh: id(host tensor) -> (host tensor, device tensor that replaced it),
         # so a tensor held in two places (tied weights, an optimizer's params) stays one cell.
         self._replaced = {}
@@ -124,6 +126,10 @@ class RunState:
             [(e.cell, id(e.table), e.key) for e in entries] != \
             [(e.cell, id(e.table), e.key) for e in self.entries]
         self.cells, self.names, self.entries = cells, names, entries
+        # One list holds every cell's value: a step's results replace it in one assignment.
+        self.arrays_list = [c.array for c in cells]
+        for i, c in enumerate(cells):
+            c.store, c.index = self.arrays_list, i
         # Module tables report their own writes; other entries are checked before each step.
         self._watched = [e for e in entries if not isinstance(e.table, TrackedTable)]
         self.index = index

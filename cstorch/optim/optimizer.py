@@ -71,7 +71,10 @@ class Optimizer(torch.optim.Optimizer, ABC):
         and their state are left alone: `on_device` tells whether a traced step may use it."""
         from bridge.device_tensor import DeviceTensor
         rekey = {}
-        for group in self.param_groups:
+        for g, group in enumerate(self.param_groups):
+            if type(group) is not ParamGroup:
+                self.param_groups[g] = group = ParamGroup(group)
+                _group_writes[0] += 1
             for i, p in enumerate(group["params"]):
                 new = replaced.get(id(p))
                 if new is not None and new is not p:
@@ -137,6 +140,46 @@ class Optimizer(torch.optim.Optimizer, ABC):
             with torch.no_grad():
                 self.preinitialize()
             backend.state.dirty = True
+
+
+_group_writes = [0]
+
+
+def group_writes() -> int:
+    """How many writes param groups have seen: what programs depend on in them needs
+    looking at again only when this changed."""
+    return _group_writes[0]
+
+
+class ParamGroup(dict):
+    """A param group that counts the writes to it (a scheduler setting ``lr``, ...)."""
+
+    def __setitem__(self, key, value):
+        _group_writes[0] += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key):
+        _group_writes[0] += 1
+        super().__delitem__(key)
+
+    def update(self, *args, **kwargs):
+        _group_writes[0] += 1
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key, default=None):
+        _group_writes[0] += 1
+        return super().setdefault(key, default)
+
+    def pop(self, *args):
+        _group_writes[0] += 1
+        return super().pop(*args)
+
+    def clear(self):
+        _group_writes[0] += 1
+        super().clear()
+
+    def __reduce_ex__(self, protocol):
+        return dict, (dict(self),)
 
 
 class _Notifying(dict):

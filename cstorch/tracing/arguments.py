@@ -121,6 +121,7 @@ class Results:
         return cls(spec, kept, positions), [leaves[i] for i in positions]
 
     def rebuild(self, tensors):
+        """The returned structure with `tensors` (the step's outputs, results first)."""
         if self.spec.is_leaf():  # a step that returns one tensor (or one value)
             return tensors[0] if self.positions else self.leaves[0]
         leaves = list(self.leaves)

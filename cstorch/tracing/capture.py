@@ -22,7 +22,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import bridge
 import wafer
-from bridge.device_tensor import DeviceTensor
+from bridge.device_tensor import DeviceTensor, GradSource
 from cstorch.optim.optimizer import Optimizer
 from cstorch.tracing.arguments import Call, Results
 
@@ -75,7 +75,8 @@ class Program:
     out_shapes: list
     closures: list
     uses_rng: bool = True     # whether the program draws random numbers
-    grad_plan: Any = None     # cache of tracing.step._grad_plan
+    grad_source: Any = None   # bridge.device_tensor.GradSource of the gradients it leaves
+    grads_bound: int = -1     # the state version the parameters' gradient slots were bound at
     grad_layout: Any = None   # gradients returned packed: see _grad_layout
 
 
@@ -358,7 +359,8 @@ def _capture(step_fn, backend, call: Call, name: str) -> Program:
     grad_rule = {i: (i in grad_in) for i in params if i not in cleared}
     return Program(graph, jax_fn, compiled, list(state.names), grad_in, grad_out, grad_rule,
                    hyper, info["results"], info["dtypes"], info["shapes"], ctx.closures,
-                   uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=layout)
+                   uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=layout,
+                   grad_source=GradSource())
 
 
 def _grad_layout(cells):

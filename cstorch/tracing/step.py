@@ -9,7 +9,6 @@ at once: state, gradients and returned tensors stay on the device as `DeviceTens
 until something reads them.
 """
 import functools
-import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,8 +18,9 @@ import torch
 
 import wafer
 from bridge.convert import tensor_to_input
-from bridge.device_tensor import DeviceTensor, packed, unpack
+from bridge.device_tensor import DeviceTensor, unpack
 from cstorch.backend import current_backend_impl
+from cstorch.optim.optimizer import group_writes
 from cstorch.tracing.arguments import fingerprint, split_call
 from cstorch.tracing.capture import Program, capture_program, capturing
 from cstorch.utils.data.executor import is_checkpoint_step
@@ -54,14 +54,12 @@ class TracedStep:
         return key, values
 
     def _groups(self, backend):
-        """(what programs depend on, float values) of the optimizers' param groups. Numbers,
-        strings and tuples are immutable, so while every value is the same object as at the
-        last call the result is too; mutable values are looked at every call."""
-        snapshot = [v for opt in backend.optimizers for group in opt.param_groups
-                    for v in group.values()]
+        """(what programs depend on, float values) of the optimizers' param groups, looked
+        at again only after a write to a group (`ParamGroup`), a new list of groups, or
+        every call while a group holds a mutable value (a set of tags, ...)."""
+        stamp = (group_writes(), [id(opt.param_groups) for opt in backend.optimizers])
         cached = self._groups_cache
-        if cached is not None and len(cached[0]) == len(snapshot) and \
-                all(map(operator.is_, snapshot, cached[0])):
+        if cached is not None and cached[0] == stamp:
             return cached[1], cached[2]
         values, static, mutable = [], [], False
         for opt in backend.optimizers:
@@ -85,7 +83,7 @@ class TracedStep:
                         static.append((k, fingerprint(v)))
                         mutable = True
         static = tuple(static)
-        self._groups_cache = None if mutable else (snapshot, static, values)
+        self._groups_cache = None if mutable else (stamp, static, values)
         return static, values
 
     def _program(self, backend, call):
@@ -129,27 +127,21 @@ class TracedStep:
         state.sync()
         call = split_call(args, kwargs)
         program, values = self._program(backend, call)
-        cells = state.cells
         grads_in = [_grad_param(state, i).grad_array() for i in program.grad_inputs]
-        inputs = [tensor_to_input(t) for t in call.tensors]
         new_state, grads, outs = program.compiled(
-            [c.array for c in cells], grads_in, self._hyper_array(program, values, backend),
-            inputs, _rng(backend) if program.uses_rng else self._no_rng(backend))
-        for cell, array in zip(cells, new_state):
-            cell.array = array
+            state.arrays_list, grads_in, self._hyper_array(program, values, backend),
+            [tensor_to_input(t) for t in call.tensors],
+            _rng(backend) if program.uses_rng else self._no_rng(backend))
+        state.arrays_list[:] = new_state
         backend.step_count += 1
-        for slot, index, offset, shape in _grad_plan(state, program):
-            if index is None:
-                slot.value = None
-            elif offset is None:
-                slot.value = grads[index]
-            else:
-                slot.value = (grads[index], offset, shape)  # bridge.device_tensor.packed
+        if state.grads_from is not program or program.grads_bound != state.version:
+            _bind_grads(state, program)
+        program.grad_source.publish(grads)
         values = [DeviceTensor.of(a, dt, shape)
                   for a, dt, shape in zip(outs, program.out_dtypes, program.out_shapes)]
-        n_results = len(program.results.positions)
-        self._run_closures(program, values[n_results:])
-        return program.results.rebuild(values[:n_results])
+        if program.closures:
+            self._run_closures(program, values[len(program.results.positions):])
+        return program.results.rebuild(values)
 
     @staticmethod
     def _run_closures(program, values):
@@ -203,25 +195,19 @@ def _has_grad(state, cell) -> bool:
     return param is not None and param.has_grad()
 
 
-def _grad_plan(state, program):
-    """(gradient slot, output index, offset, shape) for every parameter requiring grad,
-    computed once per state layout: the output index is None where the step leaves no
-    gradient; offset and shape locate a packed gradient in its output (else None)."""
-    plan = program.grad_plan
-    if plan is None or plan[0] != state.version:
-        outputs = {cell: k for k, cell in enumerate(program.grad_outputs)}
-        layout = program.grad_layout
-        targets = {}
-        for e in state.entries:
-            if e.tensor.requires_grad and id(e.tensor) not in targets:
-                k = outputs.get(e.cell)
-                if k is not None and layout is not None:
-                    where = layout[k]
-                else:
-                    where = (k, None, None)
-                targets[id(e.tensor)] = (e.tensor.step_grad_slot(), *where)
-        plan = program.grad_plan = (state.version, list(targets.values()))
-    return plan[1]
+def _bind_grads(state, program):
+    """Point every parameter's gradient slot at this program's gradient outputs: the
+    gradients its steps leave (None where it leaves none) until another program runs."""
+    outputs = {cell: k for k, cell in enumerate(program.grad_outputs)}
+    layout = program.grad_layout
+    done = set()
+    for e in state.entries:
+        if e.tensor.requires_grad and id(e.tensor) not in done:
+            done.add(id(e.tensor))
+            k = outputs.get(e.cell)
+            where = None if k is None else layout[k] if layout is not None else (k, None, None)
+            e.tensor.grad_slot().bind(program.grad_source, where)
+    state.grads_from, program.grads_bound = program, state.version
 
 
 def _rng(backend):
@@ -263,7 +249,7 @@ class JaxStep:
             hyper, list(inputs), rng)
         result = dict(zip(names, new_state))
         if p.grad_layout is not None:
-            grads = [unpack(packed(grads[f], offset, shape)) for f, offset, shape in p.grad_layout]
+            grads = [unpack((grads[f], offset, shape)) for f, offset, shape in p.grad_layout]
         result.update({f"{names[i]}.grad": g for i, g in zip(p.grad_outputs, grads)})
         result.update({n: state[n] for n in hyper_names})
         return result, outs
