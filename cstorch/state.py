@@ -77,7 +77,6 @@ class RunState:
         self.dirty = False
         # Bumped whenever the set of cells or entries changes: programs are keyed by it.
         self.version = 0
-        self.capturing = False
         self.index: dict[int, int] = {}  # id(cell) -> its position in `cells`
         self._submodules: list = []
         self._watched: list[Entry] = []
@@ -179,11 +178,6 @@ class RunState:
             if e.table[e.key] is not e.tensor:
                 self.refresh()
                 return
-
-    def cell_of(self, tensor) -> int | None:
-        if isinstance(tensor, DeviceTensor) and not tensor.is_view:
-            return self.index.get(id(tensor.cell))
-        return None
 
     # values ------------------------------------------------------------------------
     def arrays(self) -> dict:

@@ -105,16 +105,17 @@ class Optimizer(torch.optim.Optimizer, ABC):
         return all(isinstance(p, DeviceTensor) for p in self._params())
 
     def hyperparameters(self):
-        """(group, key, index, value) of every float hyperparameter: inputs of a traced
-        step, not constants of its program. `index` is the position in a tuple value."""
-        for group in self.param_groups:
+        """(group index, group, key, index, value) of every float hyperparameter: inputs
+        of a traced step, not constants of its program. `index` is the position in a tuple
+        value (None for a float)."""
+        for g, group in enumerate(self.param_groups):
             for key, value in group.items():
                 if type(value) is float:
-                    yield group, key, None, value
+                    yield g, group, key, None, value
                 elif type(value) is tuple:
                     for i, v in enumerate(value):
                         if type(v) is float:
-                            yield group, key, i, v
+                            yield g, group, key, i, v
 
     @contextlib.contextmanager
     def keyed_by(self, params: dict):

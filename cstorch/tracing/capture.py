@@ -182,10 +182,11 @@ def _bind(backend, traced):
 
 
 def hyperparameters(backend):
-    """(optimizer index, group, key, tuple index, value) of every float hyperparameter."""
+    """(where, group, key, tuple index, value) of every float hyperparameter; `where` is
+    (optimizer index, group index)."""
     for o, opt in enumerate(backend.optimizers):
-        for group, key, index, value in opt.hyperparameters():
-            yield o, group, key, index, value
+        for g, group, key, index, value in opt.hyperparameters():
+            yield (o, g), group, key, index, value
 
 
 @contextlib.contextmanager
@@ -277,10 +278,10 @@ def _capture(step_fn, backend, call: Call, name: str) -> Program:
     n = len(cells)
     needs_grad = state.grad_flags()
     params = {e.cell: e.tensor for e in state.entries if e.tensor.requires_grad}
-    grad_in = [i for i in sorted(params) if params[i].grad is not None]
+    grad_in = [i for i in sorted(params) if params[i].has_grad()]
     hyper_all = list(hyperparameters(backend))
-    hyper = [(o, g, k, x) for o, g, k, x, v in hyper_all if v != 0]
-    hyper_items = [(g, k, x, v) for o, g, k, x, v in hyper_all if v != 0]
+    hyper = [(*where, k, x) for where, g, k, x, v in hyper_all if v != 0]
+    hyper_items = [(g, k, x, v) for where, g, k, x, v in hyper_all if v != 0]
     tensors = call.tensors
     ctx = CaptureContext()
     info = {}
@@ -323,7 +324,6 @@ def _capture(step_fn, backend, call: Call, name: str) -> Program:
               + [_Spec((), torch.float32)] * (2 * len(hyper))
               + [_Spec(tuple(t.shape), t.dtype) for t in tensors])
     requires_grad = needs_grad + [False] * (len(shapes) - n)
-    state.capturing = True
     on_host = {id(opt) for opt in backend.optimizers if not opt.on_device}
     hook = register_optimizer_step_pre_hook(_refuse_optimizers(on_host))
     try:
@@ -334,10 +334,9 @@ def _capture(step_fn, backend, call: Call, name: str) -> Program:
         raise RuntimeError(str(e)) from None
     finally:
         hook.remove()
-        state.capturing = False
     lowered = bridge.lower(graph)
     grad_out = info["grad_out"]
-    n_grad_in, n_hyper = len(grad_in), len(hyper)
+    n_hyper = len(hyper)
 
     layout = _grad_layout([cells[i] for i in grad_out]) if len(backend.devices) == 1 else None
 

@@ -176,9 +176,8 @@ class TracedStep:
                        _rng(backend), backend)
 
 
-def _hyper_name(backend, o, group, key, index):
+def _hyper_name(backend, o, g, key, index):
     opt = backend.optimizers[o]
-    g = next(i for i, grp in enumerate(opt.param_groups) if grp is group)
     return f"{opt._prefix}.param_groups.{g}.{key}" + ("" if index is None else f".{index}")
 
 
