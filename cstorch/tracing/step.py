@@ -39,6 +39,7 @@ class TracedStep:
         self.captures = 0
         self._hyper_cache = (None, None)
         self._groups_cache = None
+        self._last = None   # (key, programs) of the last call
         self._rng_placeholder = None
 
     @property
@@ -88,17 +89,23 @@ class TracedStep:
 
     def _program(self, backend, call):
         key, values = self._key(backend, call)
-        candidates = self.programs.setdefault(key, [])
         state = backend.state
-        if not backend.retrace_every_iteration:
-            for program in candidates:
-                if all(_has_grad(state, i) == present for i, present in program.grad_rule.items()):
-                    return program, values
+        if backend.retrace_every_iteration:
+            candidates = []
+        elif self._last is not None and self._last[0] == key:
+            candidates = self._last[1]   # the same key as the last call: no dict lookup
+        else:
+            candidates = self.programs.setdefault(key, [])
+        for program in candidates:
+            if all(_has_grad(state, i) == present for i, present in program.grad_rule.items()):
+                self._last = (key, candidates)
+                return program, values
         program = capture_program(self.step_fn, backend, call, self.name)
         self.captures += 1
         # Registering modules during capture changes the state layout: key by the result.
         key, values = self._key(backend, call)
         self.programs.setdefault(key, []).append(program)
+        self._last = (key, self.programs[key])
         return program, values
 
     def _hyper_array(self, program, values, backend):
