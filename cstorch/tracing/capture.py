@@ -252,7 +252,8 @@ def _stray_tensor_hook(state, traced):
                 f"the traced step reads a torch.nn.Parameter of shape {tuple(t.shape)} that "
                 "belongs to no compiled module, so later changes to it could not reach the "
                 "compiled program; pass the module that holds it to cstorch.compile before "
-                "the first step")
+                "the first step (a parameter taken from a module before cstorch.compile is "
+                "the old host tensor: take it from the module again)")
         return t
     return hook
 
