@@ -216,8 +216,8 @@ class DeviceTensor(torch.Tensor):
         return f"Parameter containing:\n{text}" if getattr(self, "_is_param", False) else text
 
     def __reduce_ex__(self, protocol):
-        # Pickled (torch.save, deepcopy) as an ordinary tensor with the current value.
-        # Reduced as the host tensor itself would be, so `torch.load(weights_only=True)` reads it.
+        # Pickled (torch.save) as the host tensor with the current value would be, so
+        # `torch.load(weights_only=True)` reads it as an ordinary tensor.
         value = self.host().requires_grad_(self.requires_grad)
         if getattr(self, "_is_param", False):
             value = torch.nn.Parameter(value, self.requires_grad)
