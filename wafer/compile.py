@@ -29,15 +29,16 @@ def compile_step(fn: Callable, args, *, mesh, artifact_dir: str | None = None,
     """Jit `fn` for `mesh` and compile it ahead of time, so later calls never retrace.
 
     `args` are example arguments ``(state, grads, hyper, inputs, rng)``: state and
-    gradients (lists of arrays) are laid over the grid (the old state donated), the hyperparameter
-    vector and the PRNG pair replicated, inputs split over the batch. One trace gives the
+    gradients (lists of arrays) are laid over the grid (the old state donated), the
+    hyperparameter vector and the PRNG pair replicated, inputs split over the batch. One trace gives the
     jaxpr, the lowering and the executable, and the artifacts written from them.
     """
     state, grads, hyper, inputs, rng = args
     state_sh = [state_sharding(mesh, tuple(a.shape)) for a in state]
     grad_sh = [state_sharding(mesh, tuple(a.shape)) for a in grads]
     input_sh = [batch_sharding(mesh, tuple(getattr(x, "shape", ()))) for x in inputs]
-    jitted = jax.jit(fn, in_shardings=(state_sh, grad_sh, replicated(mesh), input_sh, replicated(mesh)),
+    jitted = jax.jit(fn, in_shardings=(state_sh, grad_sh, replicated(mesh), input_sh,
+                                       replicated(mesh)),
                      out_shardings=(state_sh, None, None), donate_argnums=(0,))
     traced = jitted.trace(*args)
     lowered = traced.lower()

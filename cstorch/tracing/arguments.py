@@ -4,9 +4,12 @@ Tensors are the program's inputs and outputs; everything else is part of what th
 depends on, keyed by value: numbers and strings as they are, containers by their
 contents, modules and other objects by their state (`fingerprint`), never by `id()`.
 """
+import functools
+import types
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
@@ -31,17 +34,27 @@ def fingerprint(value, depth: int = 0):
         return (type(value), tuple((k, fingerprint(v, depth + 1)) for k, v in value.items()))
     if isinstance(value, (set, frozenset)):
         return (type(value), frozenset(fingerprint(v, depth + 1) for v in value))
-    if callable(value) and not hasattr(value, "__dict__") or isinstance(value, type):
-        return ("id", id(value))   # builtins, classes: immutable for our purposes
-    if _is_run_object(value) or depth > 4:
-        return ("id", id(value))   # state of the run: keyed through the run's state
-    attrs = getattr(value, "__dict__", None)
-    if attrs is None:
-        return ("id", id(value))
-    if hasattr(value, "__code__"):  # a function: its code and what it closes over
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.shape, value.dtype.str, value.tobytes())
+    if isinstance(value, types.MethodType):  # the function and the object it is bound to
+        return ("method", fingerprint(value.__func__, depth + 1), fingerprint(value.__self__, depth + 1))
+    if isinstance(value, functools.partial):
+        return ("partial", fingerprint(value.func, depth + 1), fingerprint(value.args, depth + 1),
+                fingerprint(value.keywords, depth + 1))
+    if isinstance(value, types.FunctionType):  # its code and what it closes over
         cells = tuple(fingerprint(c.cell_contents, depth + 1) for c in (value.__closure__ or ())
                       if _cell_filled(c))
         return ("fn", value.__code__, cells)
+    if isinstance(value, type) or _is_run_object(value) or depth > 4:
+        # classes; the run's own objects (keyed through the run's state); deep nesting
+        return ("id", id(value))
+    attrs = dict(getattr(value, "__dict__", {}))
+    for cls in type(value).__mro__:   # values in __slots__ too, not only __dict__
+        for slot in getattr(cls, "__slots__", ()):
+            if slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
+                attrs[slot] = getattr(value, slot)
+    if not attrs:
+        return ("id", id(value))   # builtins and opaque objects: nothing to compare by
     items = tuple(sorted((k, fingerprint(v, depth + 1)) for k, v in attrs.items()
                          if k not in _SKIPPED_ATTRS and not k.startswith("__")))
     if isinstance(value, torch.nn.Module):

@@ -207,6 +207,15 @@ def _bind_hyper(items, traced):
             group[key] = tuple(value)
     try:
         yield
+        for (group, key, index, _), t in zip(items, values):
+            now = group[key] if index is None else group[key][index]
+            if now is not t:
+                # The program could not carry a value set here; restoring it would drop it.
+                raise RuntimeError(
+                    f"the param group's {key!r} was assigned inside the traced step, where a "
+                    "float hyperparameter is an input of the compiled program and the new "
+                    "value would be lost; assign it between steps (that reuses the program), "
+                    "or drive it with a cstorch.optim.lr_scheduler, which steps on the device")
     finally:
         _update.complements.reset(token)
         for group, key, value in reversed(saved):

@@ -37,10 +37,10 @@ class TracedStep:
         self.step_fn = step_fn
         self.programs: dict = {}   # key -> [Program], told apart by their gradient rules
         self.captures = 0
-        self._hyper_cache = (None, None)
+        self._hyper_cache = (None, None, None)   # (mesh, group values, device vector)
         self._groups_cache = None
         self._last = None   # (key, programs) of the last call
-        self._rng_placeholder = None
+        self._rng_placeholder = (None, None)     # (mesh, device array)
 
     @property
     def name(self):
@@ -110,21 +110,23 @@ class TracedStep:
 
     def _hyper_array(self, program, values, backend):
         """The hyperparameter vector, on the device: uploaded only when a value changed."""
-        cached_values, cached = self._hyper_cache
-        if values is cached_values:  # the same list `_groups` returned last time
+        mesh, cached_values, cached = self._hyper_cache
+        if values is cached_values and mesh is backend.mesh:  # the list `_groups` returned last time
             return cached
         wanted = [v for v in values if v != 0]
-        if cached_values is None or [v for v in cached_values if v != 0] != wanted:
+        if mesh is not backend.mesh or [v for v in cached_values if v != 0] != wanted:
             cached = jax.device_put(np.asarray(wanted + [1 - v for v in wanted], np.float32),
                                     wafer.replicated(backend.mesh))
-        self._hyper_cache = (values, cached)
+        self._hyper_cache = (backend.mesh, values, cached)
         return cached
 
     def _no_rng(self, backend):
         """A constant stand-in for programs that draw no random numbers."""
-        if self._rng_placeholder is None:
-            self._rng_placeholder = jax.device_put(np.zeros(2, np.uint32), wafer.replicated(backend.mesh))
-        return self._rng_placeholder
+        mesh, placeholder = self._rng_placeholder
+        if mesh is not backend.mesh:
+            placeholder = jax.device_put(np.zeros(2, np.uint32), wafer.replicated(backend.mesh))
+            self._rng_placeholder = (backend.mesh, placeholder)
+        return placeholder
 
     def __call__(self, *args, **kwargs):
         if capturing.get() is not None:

@@ -431,3 +431,43 @@ def test_param_group_added_between_steps():
             ref_opt.add_param_group({"params": list(ref[2].parameters()), "lr": 0.05})
         close(step(x, y), eager_step(ref, ref_opt, x, y))
     assert_same_params(model, ref)
+
+
+def test_hyperparameter_assigned_inside_a_step_is_refused():
+    model, compiled, opt, ref, ref_opt = pair()
+
+    @cstorch.trace
+    def step(x, y):
+        loss = F.cross_entropy(compiled(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        opt.param_groups[0]["lr"] = 0.01   # a hand-written schedule inside the step
+        return loss
+
+    with pytest.raises(RuntimeError, match="'lr' was assigned inside the traced step"):
+        step(*batches(1)[0])
+    assert opt.param_groups[0]["lr"] == 0.1   # the capture changed nothing
+
+
+def test_bound_methods_and_partials_keyed_by_what_they_hold():
+    import functools
+    model, compiled, opt, ref, ref_opt = pair()
+
+    @cstorch.trace
+    def step(x, y, loss_fn):
+        loss = loss_fn(compiled(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    fns = [torch.nn.CrossEntropyLoss(label_smoothing=0.0).forward,
+           torch.nn.CrossEntropyLoss(label_smoothing=0.3).forward,
+           functools.partial(F.cross_entropy, label_smoothing=0.1),
+           functools.partial(F.cross_entropy, label_smoothing=0.2)]
+    for i, (x, y) in enumerate(batches(8)):
+        fn = fns[i % 4]
+        close(step(x, y, fn), eager_step(ref, ref_opt, x, y, fn))
+    assert step.captures == 4
+    assert_same_params(model, ref)
