@@ -74,12 +74,16 @@ def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
 
 def numpy_to_tensor(a, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A torch CPU tensor with the values of a numpy (or array-like) `a`, in `dtype` if
-    given (int64 for a label array computed as int32, say)."""
+    given (int64 for a label array computed as int32, say). Shares `a`'s memory when it
+    is a writable array and no dtype change is asked for."""
     host = np.asarray(a)
+    # torch cannot share a read-only buffer; a writable one is shared, bfloat16 included.
+    if not host.flags.writeable:
+        host = host.copy()
     if host.dtype == ml_dtypes.bfloat16:
-        t = torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
+        t = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
     else:
-        t = torch.from_numpy(host if host.flags.writeable else host.copy())
+        t = torch.from_numpy(host)
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     return t

@@ -2,11 +2,12 @@
 
 This module is a face: it re-exports the public names, which live in the modules below.
 """
-from cstorch import backends, optim, utils
+from cstorch import backends, distributed, optim, utils
 from cstorch.backend import backend, current_backend, current_torch_device, use_cs
 from cstorch.compile import compile
 from cstorch.storage import load, save
 from cstorch.storage import full, full_like, ones, ones_like, zeros, zeros_like
+from cstorch.summaries import summarize_scalar, summarize_tensor
 from cstorch.tracing import JaxStep, TracedStep
 from cstorch.utils.data.executor import current_executor
 from cstorch.utils.numpy import from_numpy, to_numpy
@@ -31,5 +32,5 @@ __all__ = [
     "backend", "current_backend", "current_torch_device", "use_cs", "backends", "compile", "trace",
     "TracedStep", "JaxStep", "save", "load", "optim", "utils", "step_closure", "checkpoint_closure",
     "current_executor", "full", "full_like", "ones", "ones_like", "zeros", "zeros_like",
-    "from_numpy", "to_numpy",
+    "from_numpy", "to_numpy", "summarize_scalar", "summarize_tensor", "distributed",
 ]

@@ -131,10 +131,26 @@ def backend(backend_type: Optional[str] = None, *args, **kwargs) -> Backend:
             raise RuntimeError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
         return _current
     if args:
-        raise TypeError("backend parameters must be passed by keyword, e.g. "
-                        "cstorch.backend(\"CPU\", artifact_dir=\"logs\")")
+        kwargs = {**_positional(backend_type, args, kwargs), **kwargs}
     _current = Backend(backend_type, **kwargs)
     return _current
+
+
+def _positional(backend_type, args, kwargs) -> dict:
+    """Positional backend parameters, named in the order the reference lists them."""
+    kind = backend_type.upper() if isinstance(backend_type, str) else backend_type
+    if kind not in _PARAMS:
+        raise ValueError(
+            f"unknown backend type {backend_type!r}; expected one of \"CSX\", \"CPU\", \"GPU\"")
+    order = list(_PARAMS[kind])
+    if len(args) > len(order):
+        raise TypeError(f"{kind} backend takes at most {len(order)} positional parameters "
+                        f"({', '.join(order)}), got {len(args)}")
+    named = dict(zip(order, args))
+    twice = sorted(set(named) & set(kwargs))
+    if twice:
+        raise TypeError(f"{kind} backend got {', '.join(twice)} both by position and by keyword")
+    return named
 
 
 def current_backend(raise_exception: bool = True, raise_warning: bool = True) -> Optional[Backend]:

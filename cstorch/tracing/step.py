@@ -23,7 +23,7 @@ from cstorch.backend import current_backend_impl
 from cstorch.optim.optimizer import group_writes
 from cstorch.tracing.arguments import fingerprint, split_call
 from cstorch.tracing.capture import Program, capture_program, capturing
-from cstorch.utils.data.executor import is_checkpoint_step
+from cstorch.utils.data.executor import is_activation_step, is_checkpoint_step, note_step_output
 
 
 _PLAIN = (bool, int, str, type(None))
@@ -150,17 +150,20 @@ class TracedStep:
                   for a, dt, shape in zip(outs, program.out_dtypes, program.out_shapes)]
         if program.closures:
             self._run_closures(program, values[len(program.results.positions):])
-        return program.results.rebuild(values)
+        results = program.results.rebuild(values)
+        note_step_output(results)
+        return results
 
     @staticmethod
     def _run_closures(program, values):
         import torch.utils._pytree as pytree
         it = iter(values)
+        fetched = is_activation_step()
         for call in program.closures:
             leaves = list(call.leaves)
             for pos in call.tensor_positions:
                 leaves[pos] = next(it)
-            if call.checkpoint_only and not is_checkpoint_step():
+            if not (is_checkpoint_step() if call.checkpoint_only else fetched):
                 continue
             args, kwargs = pytree.tree_unflatten(leaves, call.spec)
             call.fn(*args, **kwargs)

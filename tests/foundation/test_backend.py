@@ -2,6 +2,7 @@
 import importlib
 import warnings
 
+import jax
 import pytest
 import torch
 
@@ -49,12 +50,27 @@ def test_gpu_backend_without_a_gpu_says_so():
     (("CPU",), {"compile_only": True}, TypeError, "unexpected parameter.*compile_only"),
     (("CSX",), {"max_checkpoints": 0}, ValueError, "max_checkpoints"),
     (("CSX",), {"drop_data": "yes"}, TypeError, "drop_data must be a bool"),
-    (("CPU", "logs"), {}, TypeError, "by keyword"),
+    (("CPU", "logs", None, False, 4), {}, TypeError, "at most 3 positional"),
+    (("CPU", "logs"), {"artifact_dir": "x"}, TypeError, "both by position and by keyword"),
+    (("TPU", "logs"), {}, ValueError, "unknown backend type"),
     ((None,), {"artifact_dir": "x"}, TypeError, "need a backend_type"),
 ])
 def test_bad_backend_arguments(args, kwargs, error, match):
     with pytest.raises(error, match=match):
         cstorch.backend(*args, **kwargs)
+
+
+def test_positional_parameters_follow_the_reference_order(tmp_path):
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        b = cstorch.backend("CSX", str(tmp_path / "art"), str(tmp_path / "cache"), False, True)
+    finally:   # a compile_dir turns on JAX's persistent cache for the whole process
+        jax.config.update("jax_compilation_cache_dir", before)
+    assert b.artifact_dir == str(tmp_path / "art")
+    assert b.params["compile_dir"] == str(tmp_path / "cache")
+    assert b.params["compile_only"] is False and b.params["validate_only"] is True
+    b = cstorch.backend("cpu", None, 3, True)
+    assert b.max_checkpoints == 3 and b.params["mixed_precision"] is True
 
 
 def test_current_backend_is_deprecated_and_can_return_none(monkeypatch):

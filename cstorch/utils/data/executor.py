@@ -1,70 +1,189 @@
 """`DataExecutor`: one run over a dataloader, and the step counters of that run."""
+import math
 import sys
+import time
+import warnings
+from pathlib import Path
 from typing import Optional, Union
 
+import torch
 from tqdm.auto import tqdm
 
 from cstorch.utils.data.dataloader import DataLoader
+from cstorch.utils.data.utils import Schedule, infer_batch_size
+from cstorch.utils.data.workers import Layout
+from cstorch.utils.profiler import Profiler
 
 _current: Optional["DataExecutor"] = None
 
 
+def _positive_int(name, value):
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+
+
+def _deprecated(name, instead):
+    warnings.warn(f"DataExecutor({name}=...) is deprecated; {instead}", FutureWarning, stacklevel=3)
+
+
 class DataExecutor:
-    """Runs `num_steps` steps over `dataloader`, starting a new pass over it when one ends.
-    Without `num_steps` it runs one pass, or one step on a compile-only or validate-only
-    backend.
+    """A single run of `num_steps` steps over `dataloader`.
 
-    `checkpoint_steps`: None (no checkpoints), an int ``n`` (every ``n``-th step and the last
-    one), or a callable schedule taking the zero-based step index and returning whether
-    to checkpoint after it. The `cs_config`, `writer`, `profiler_activities` and
-    `micro_batch_size` arguments are accepted for compatibility and not used.
+    - `num_steps`: steps to run; without it, one pass (`len(dataloader)`), and a
+      dataloader without a length needs it. A compile-only or validate-only backend runs
+      exactly one step. When a pass ends before `num_steps`, the next pass begins.
+    - `checkpoint_steps`: None (no checkpoints), an int ``n`` (every ``n``-th step and the
+      last step), or a `Schedule` of zero-based step indices (a callable taking the
+      zero-based index works too). `checkpoint_closure`s run on those steps.
+    - `activation_steps`: how often step outputs are fetched: step closures and
+      summaries run every `activation_steps` steps, on checkpoint steps and on the last
+      step. It is reduced (with a warning) so that checkpoint steps stay multiples of it.
+    - `profiler_activities`: `cstorch.utils.profiler.Activity` subclasses to run beside
+      the samples and rates that `profiler.rate_tracker` always tracks.
+    - `cs_config`, `writer`, `micro_batch_size`: deprecated, with a warning, still
+      honoured: `cs_config` lays out the streaming workers when the CSX backend has no
+      `cluster_config`, `writer` receives `summarize_scalar`/`summarize_tensor` values,
+      `micro_batch_size` sets `cstorch.backends.csx.performance.micro_batch_size`.
 
-    While iterating, `cstorch.current_executor()` returns it: `iteration` is the zero-based
-    index of the current step, `user_iteration` the one-based step number.
+    An executor is iterated once. While it runs, `cstorch.current_executor()` returns it:
+    `iteration` is the zero-based index of the current step, `user_iteration` the
+    one-based step number.
     """
 
-    def __init__(self, dataloader, num_steps: Optional[int] = None,
-                 checkpoint_steps: Optional[Union[int, object]] = None,
+    def __init__(self, dataloader: DataLoader, num_steps: Optional[int] = None,
+                 checkpoint_steps: Optional[Union[int, Schedule]] = None,
                  activation_steps: Optional[int] = None, cs_config=None, writer=None,
                  profiler_activities=None, micro_batch_size=None):
+        from cstorch.backend import current_backend_impl
         if not isinstance(dataloader, DataLoader):
             raise TypeError("DataExecutor expects a cstorch.utils.data.DataLoader, got "
-                            f"{type(dataloader).__name__}")
-        for name, value in (("num_steps", num_steps), ("activation_steps", activation_steps)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-        if checkpoint_steps is not None and not callable(checkpoint_steps):
+                            f"{type(dataloader).__name__}; wrap the loader: "
+                            f"cstorch.utils.data.DataLoader(lambda: loader)")
+        _positive_int("num_steps", num_steps)
+        _positive_int("activation_steps", activation_steps)
+        if checkpoint_steps is not None and not isinstance(checkpoint_steps, Schedule) \
+                and not callable(checkpoint_steps):
             if not isinstance(checkpoint_steps, int) or isinstance(checkpoint_steps, bool) \
                     or checkpoint_steps < 0:
-                raise ValueError(f"checkpoint_steps must be None, a non-negative int or a schedule, "
-                                 f"got {checkpoint_steps!r}")
+                raise ValueError(f"checkpoint_steps must be None, a non-negative int or a "
+                                 f"cstorch.utils.data.Schedule, got {checkpoint_steps!r}")
+        backend = current_backend_impl()
+        self.backend = backend
+
+        if writer is not None:
+            _deprecated("writer", "it still receives summarize_scalar and summarize_tensor values")
+            if not callable(getattr(writer, "add_scalar", None)):
+                raise TypeError(f"writer must be a cstorch.utils.tensorboard.SummaryWriter, got "
+                                f"{type(writer).__name__}")
+        self.writer = writer
+        if micro_batch_size is not None:
+            _deprecated("micro_batch_size",
+                        "set cstorch.backends.csx.performance.micro_batch_size instead (done now)")
+            from cstorch.backends import csx
+            csx.performance.micro_batch_size = micro_batch_size
+        if cs_config is not None:
+            _deprecated("cs_config", "pass cluster_config to cstorch.backend(\"CSX\", ...) instead")
+            self._use_cs_config(cs_config, backend, dataloader)
+
+        params = backend.params if backend is not None else {}
+        if params.get("compile_only") or params.get("validate_only"):
+            mode = "compile_only" if params.get("compile_only") else "validate_only"
+            if num_steps not in (None, 1):
+                warnings.warn(f"the backend is {mode}: the executor runs 1 step, not {num_steps}",
+                              stacklevel=2)
+            num_steps = 1
         if num_steps is None:
-            from cstorch.backend import current_backend_impl
-            backend = current_backend_impl()
-            if backend is not None and (backend.params.get("compile_only") or backend.params.get("validate_only")):
-                num_steps = 1
+            try:
+                num_steps = len(dataloader)
+            except TypeError as e:
+                raise ValueError(f"num_steps is required: {e}, so the number of steps of a "
+                                 f"pass is unknown") from None
+            if num_steps == 0:
+                raise RuntimeError("the dataloader has no batches (its length is 0); check the "
+                                   "dataset's size against the batch size, and drop_last")
         self.dataloader = dataloader
         self.num_steps = num_steps
         self.checkpoint_steps = checkpoint_steps
-        self.activation_steps = activation_steps
+        self.activation_steps = self._aligned(activation_steps)
+        self.profiler = Profiler(profiler_activities)
         self.iteration = -1
         self._used = False
+        self._artifact_dir: Optional[Path] = None
+        self.last_output: Optional[torch.Tensor] = None
+
+    @staticmethod
+    def _use_cs_config(cs_config, backend, dataloader):
+        if backend is None or not backend.is_csx:
+            return
+        if backend.params.get("cluster_config") is not None:
+            raise ValueError("both the CSX backend's cluster_config and DataExecutor(cs_config=...) "
+                             "are given; keep only the backend's")
+        systems = backend.mesh.shape["systems"]
+        if cs_config.num_csx != systems:
+            raise ValueError(
+                f"cs_config.num_csx={cs_config.num_csx} but the backend's mesh has {systems} "
+                f"system(s); pass cluster_config=CSConfig(num_csx=...) to cstorch.backend instead")
+        dataloader.use_layout(Layout(cs_config.num_csx, cs_config.num_workers_per_csx))
+
+    def _aligned(self, activation_steps):
+        if activation_steps is None:
+            return None
+        aligned = min(activation_steps, self.num_steps)
+        cs = self.checkpoint_steps
+        if isinstance(cs, Schedule):
+            targets = [i + 1 for i in cs.steps_below(self.num_steps)]
+        elif isinstance(cs, int) and cs > 0:
+            targets = [cs]
+        else:
+            targets = []
+        for t in targets:
+            aligned = math.gcd(aligned, t)
+        if aligned != activation_steps:
+            warnings.warn(f"activation_steps={activation_steps} reduced to {aligned} so that it "
+                          f"divides the checkpoint steps and is at most num_steps", stacklevel=3)
+        return aligned
 
     @property
     def user_iteration(self) -> int:
         return self.iteration + 1
 
+    @property
+    def on_final_iteration(self) -> bool:
+        return self.user_iteration == self.num_steps
+
     def on_checkpoint_step(self) -> bool:
         cs = self.checkpoint_steps
         if cs is None or self.iteration < 0:
             return False
+        if isinstance(cs, Schedule):
+            return self.iteration in cs
         if callable(cs):
             return bool(cs(self.iteration))
-        step = self.user_iteration
-        return (cs > 0 and step % cs == 0) or (self.num_steps is not None and step == self.num_steps)
+        return (cs > 0 and self.user_iteration % cs == 0) or self.on_final_iteration
+
+    def on_activation_step(self) -> bool:
+        """Whether this step's outputs are fetched (step closures and summaries run)."""
+        a = self.activation_steps
+        return (a is None or self.user_iteration % a == 0 or self.on_final_iteration
+                or self.on_checkpoint_step())
+
+    @property
+    def artifact_dir(self) -> Path:
+        """A directory for this run's artifacts, inside the backend's `artifact_dir`."""
+        if self._artifact_dir is None:
+            from cstorch.backend import current_backend_impl
+            backend = self.backend or current_backend_impl(create=True)
+            root = Path(backend.artifact_dir) / "executors"
+            root.mkdir(parents=True, exist_ok=True)
+            index = 1 + sum(1 for p in root.iterdir() if p.is_dir())
+            while (root / str(index)).exists():
+                index += 1
+            self._artifact_dir = root / str(index)
+            self._artifact_dir.mkdir()
+        return self._artifact_dir
 
     def __len__(self):
-        return self.num_steps if self.num_steps is not None else len(self.dataloader)
+        return self.num_steps
 
     def __iter__(self):
         global _current
@@ -73,27 +192,43 @@ class DataExecutor:
                                "another run")
         self._used = True
         _current = self
-        progress = tqdm(total=self.num_steps, desc="steps", unit="step",
-                        disable=not sys.stderr.isatty())
+        progress = _Progress(self)
+        self.profiler.on_start()
         try:
-            produced = 0
-            while self.num_steps is None or produced < self.num_steps:
-                empty = True
-                for batch in self.dataloader:
-                    empty = False
-                    self.iteration = produced
-                    yield batch
-                    produced += 1
-                    progress.update(1)
-                    if self.num_steps is not None and produced >= self.num_steps:
-                        break
-                if empty:
-                    raise RuntimeError("the dataloader produced no batches")
-                if self.num_steps is None:
-                    break
+            for index in range(self.num_steps):
+                batch = self.dataloader.next_batch()
+                self.iteration = index
+                yield batch
+                self.profiler.on_step(batch, infer_batch_size(batch) or 0)
+                progress.update()
         finally:
+            self.profiler.on_stop()
             progress.close()
             _current = None
+
+
+class _Progress:
+    """A tqdm bar of steps, rate and the last scalar a step returned, on a terminal only."""
+
+    def __init__(self, executor: DataExecutor):
+        self.executor = executor
+        self.bar = tqdm(total=executor.num_steps, desc="steps", unit="step",
+                        disable=not sys.stderr.isatty())
+        self._shown = 0.0
+
+    def update(self):
+        if self.bar.disable:
+            return
+        now = time.monotonic()
+        value = self.executor.last_output
+        # Reading the value waits for the step; once a second is cheap.
+        if value is not None and now - self._shown > 1.0:
+            self._shown = now
+            self.bar.set_postfix(loss=f"{float(value):.4g}", refresh=False)
+        self.bar.update(1)
+
+    def close(self):
+        self.bar.close()
 
 
 def current_executor() -> DataExecutor:
@@ -104,7 +239,26 @@ def current_executor() -> DataExecutor:
     return _current
 
 
+def running_executor() -> Optional[DataExecutor]:
+    return _current
+
+
 def is_checkpoint_step() -> bool:
     """Whether checkpoint closures run now: on checkpoint steps of the running executor,
     or always when no executor is running."""
     return True if _current is None else _current.on_checkpoint_step()
+
+
+def is_activation_step() -> bool:
+    """Whether step closures run now: on activation steps of the running executor, or
+    always when no executor is running."""
+    return True if _current is None else _current.on_activation_step()
+
+
+def note_step_output(results) -> None:
+    """Keep a traced step's scalar result for the progress bar (read only when shown)."""
+    if _current is None:
+        return
+    first = results[0] if isinstance(results, (tuple, list)) and results else results
+    if isinstance(first, torch.Tensor) and first.dim() == 0 and first.is_floating_point():
+        _current.last_output = first

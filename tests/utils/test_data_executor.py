@@ -1,0 +1,196 @@
+"""DataExecutor: num_steps, checkpoint schedules, activation steps, deprecated arguments,
+the profiler and the run's artifact directory."""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import cerebras.pytorch as cstorch
+from cerebras.pytorch.utils.data import DataExecutor, DataLoader, Schedule
+
+
+def _loader(n_batches=4, batch=2):
+    def input_fn():
+        x = torch.arange(n_batches * batch, dtype=torch.float32).reshape(-1, 1)
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=batch)
+    return DataLoader(input_fn)
+
+
+def _traced_step(step_calls, checkpoint_calls):
+    cstorch.backend("CPU")
+    model = nn.Linear(1, 1)
+    compiled = cstorch.compile(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.01)
+
+    @cstorch.step_closure
+    def on_step(loss):
+        step_calls.append((cstorch.current_executor().user_iteration, float(loss)))
+
+    @cstorch.checkpoint_closure
+    def on_checkpoint(loss):
+        checkpoint_calls.append(cstorch.current_executor().user_iteration)
+
+    @cstorch.trace
+    def step(batch):
+        (x,) = batch
+        loss = compiled(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        on_step(loss)
+        on_checkpoint(loss)
+        return loss
+
+    return step
+
+
+def test_schedule_of_zero_indexed_ranges_picks_the_checkpoint_steps():
+    steps, checkpoints = [], []
+    step = _traced_step(steps, checkpoints)
+    schedule = Schedule([Schedule.Range(start=1, end=9, step=3, include_last=True)])
+    for batch in DataExecutor(_loader(), num_steps=10, checkpoint_steps=schedule):
+        step(batch)
+    assert checkpoints == [2, 5, 8, 9]
+    assert [s[0] for s in steps] == list(range(1, 11))
+
+
+def test_int_checkpoint_steps_take_every_multiple_and_the_last_step():
+    seen = []
+    executor = DataExecutor(_loader(), num_steps=12, checkpoint_steps=5)
+    for _ in executor:
+        if executor.on_checkpoint_step():
+            seen.append(executor.user_iteration)
+    assert seen == [5, 10, 12]
+
+
+def test_schedule_contents():
+    r = Schedule.Range(start=4, end=12, step=5, include_last=True)
+    assert list(r) == [4, 9, 11] and 11 in r and 10 not in r and 3 not in r
+    s = Schedule([Schedule.Range(0, 6, 3), Schedule.Range(start=4, end=None, step=4)])
+    assert s.steps_below(13) == [0, 3, 4, 8, 12]
+    with pytest.raises(ValueError, match="step must be a positive int"):
+        Schedule.Range(start=0, end=5, step=0)
+    with pytest.raises(ValueError, match="include_last needs an end"):
+        Schedule.Range(start=0, include_last=True)
+    with pytest.raises(TypeError, match="Schedule.Range"):
+        Schedule([3])
+
+
+def test_activation_steps_are_reduced_to_divide_checkpoint_steps():
+    steps, checkpoints = [], []
+    step = _traced_step(steps, checkpoints)
+    with pytest.warns(UserWarning, match="activation_steps=4 reduced to 2"):
+        executor = DataExecutor(_loader(), num_steps=12, checkpoint_steps=6, activation_steps=4)
+    assert executor.activation_steps == 2
+    losses = [float(step(batch)) for batch in executor]
+    # step closures run only on activation steps, with that step's values
+    assert [s[0] for s in steps] == [2, 4, 6, 8, 10, 12]
+    assert [s[1] for s in steps] == pytest.approx([losses[i - 1] for i in (2, 4, 6, 8, 10, 12)])
+    assert checkpoints == [6, 12]
+
+
+def test_activation_steps_include_the_last_and_checkpoint_steps():
+    steps, checkpoints = [], []
+    step = _traced_step(steps, checkpoints)
+    schedule = Schedule([Schedule.Range(start=1, end=2)])   # user step 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # 3 vs a checkpoint at user step 2: reduced to 1
+        with pytest.raises(UserWarning, match="reduced to 1"):
+            DataExecutor(_loader(), num_steps=7, checkpoint_steps=schedule, activation_steps=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # aligned already: no warning
+        executor = DataExecutor(_loader(), num_steps=7, activation_steps=3)
+    for batch in executor:
+        step(batch)
+    assert [s[0] for s in steps] == [3, 6, 7]
+    assert checkpoints == []   # checkpoint_steps=None: no checkpoints
+
+
+def test_num_steps_from_the_dataloader_length_or_a_clear_error():
+    assert len(DataExecutor(_loader(n_batches=3))) == 3
+    endless = DataLoader(lambda: iter(lambda: torch.zeros(2), None))
+    with pytest.raises(ValueError, match="num_steps is required.*no length"):
+        DataExecutor(endless)
+    assert len(list(DataExecutor(endless, num_steps=5))) == 5
+    with pytest.raises(RuntimeError, match="no batches"):
+        DataExecutor(DataLoader(lambda: []))
+    with pytest.raises(RuntimeError, match="produced no batches"):
+        list(DataExecutor(DataLoader(lambda: (x for x in ())), num_steps=2))
+
+
+@pytest.mark.parametrize("mode", ["compile_only", "validate_only"])
+def test_compile_and_validate_only_runs_take_one_step(mode, tmp_path):
+    cstorch.backend("CSX", artifact_dir=str(tmp_path), **{mode: True})
+    assert len(DataExecutor(_loader())) == 1
+    with pytest.warns(UserWarning, match=f"{mode}: the executor runs 1 step, not 5"):
+        executor = DataExecutor(_loader(), num_steps=5)
+    assert len(list(executor)) == 1
+    cstorch.backend("CPU")
+
+
+def test_deprecated_arguments_warn_and_bad_writer_is_refused():
+    cstorch.backend("CPU")
+    with pytest.raises(TypeError, match="writer must be a cstorch.utils.tensorboard.SummaryWriter"):
+        with pytest.warns(FutureWarning):
+            DataExecutor(_loader(), writer=object())
+    with pytest.warns(FutureWarning, match="cs_config=...\\) is deprecated"):
+        DataExecutor(_loader(), cs_config=cstorch.utils.CSConfig())
+    flags = cstorch.backends.csx.performance
+    try:
+        with pytest.warns(FutureWarning, match="micro_batch_size=...\\) is deprecated"):
+            DataExecutor(_loader(), micro_batch_size=4)
+        assert flags.micro_batch_size == 4
+        with pytest.raises(ValueError, match="micro_batch_size"):
+            with pytest.warns(FutureWarning):
+                DataExecutor(_loader(), micro_batch_size=-1)
+    finally:
+        flags.reset()
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="wrap the loader"):
+        DataExecutor([torch.zeros(1)])
+    for kwargs, match in (({"num_steps": 0}, "num_steps"), ({"activation_steps": 1.5}, "activation_steps"),
+                          ({"checkpoint_steps": "often"}, "checkpoint_steps"),
+                          ({"profiler_activities": [object]}, "Activity")):
+        with pytest.raises((TypeError, ValueError), match=match):
+            DataExecutor(_loader(), **kwargs)
+
+
+def test_profiler_tracks_samples_and_rates_and_runs_user_activities():
+    events = []
+
+    class Counter(cstorch.utils.profiler.Activity):
+        name = "counter"
+
+        def on_start(self):
+            events.append("start")
+
+        def on_step(self, batch, samples):
+            events.append(samples)
+
+        def on_stop(self):
+            events.append("stop")
+
+    executor = DataExecutor(_loader(n_batches=3, batch=5), num_steps=4,
+                            profiler_activities=[Counter])
+    for _ in executor:
+        pass
+    tracker = executor.profiler.rate_tracker
+    assert tracker.total_samples == 20 and tracker.total_steps == 4
+    assert tracker.total_time > 0 and tracker.rate > 0
+    assert tracker.global_rate == pytest.approx(20 / tracker.total_time)
+    assert events == ["start", 5, 5, 5, 5, "stop"]
+    assert set(executor.profiler.summary()) == {"rate_tracker", "counter"}
+
+
+def test_executor_state_artifact_dir_and_quiet_progress(tmp_path, capsys):
+    cstorch.backend("CPU", artifact_dir=str(tmp_path))
+    executor = DataExecutor(_loader(n_batches=3))
+    finals = [executor.on_final_iteration for _ in executor]
+    assert finals == [False, False, True]
+    assert executor.artifact_dir.is_dir() and tmp_path in executor.artifact_dir.parents
+    other = DataExecutor(_loader())
+    assert other.artifact_dir != executor.artifact_dir
+    assert capsys.readouterr().err == ""   # stderr is not a terminal here: no progress bar
