@@ -2,13 +2,18 @@
 
 Flags are validated on assignment, so a bad value fails where it is set.
 """
+import warnings
 from typing import Any
 
 
 class _FlagGroup:
-    """Attributes with defaults and validators; unknown names are refused."""
+    """Attributes with defaults and validators; unknown names are refused. Flags in
+    `_inert` are accepted but act on nothing here, so setting one to another value than
+    its default warns."""
 
     _flags: dict[str, tuple[Any, Any]] = {}
+    _inert: dict[str, str] = {}
+    _honoured: dict[str, tuple] = {}   # values of an inert flag that are what happens anyway
 
     def __init__(self):
         for name, (default, _) in self._flags.items():
@@ -19,9 +24,12 @@ class _FlagGroup:
             raise AttributeError(
                 f"{type(self).__name__.lower()} has no flag {name!r}; "
                 f"known flags: {', '.join(sorted(self._flags))}")
-        check = self._flags[name][1]
+        default, check = self._flags[name]
         if check is not None:
             check(name, value)
+        if name in self._inert and value != default and value not in self._honoured.get(name, ()):
+            warnings.warn(f"cstorch.backends.csx.{type(self).__name__.lower()}.{name} has no effect "
+                          f"here: {self._inert[name]}", stacklevel=2)
         object.__setattr__(self, name, value)
 
     def reset(self):
@@ -76,16 +84,17 @@ def _micro_batch_size(name, value):
 
 class Precision(_FlagGroup):
     """Precision flags. `optimization_level` (POL, an int in [0, 3), default 1) selects how
-    much reduced precision the compiler may use; it is stored here and has no effect on
-    the numerics yet."""
+    much reduced precision the compiler may use; it is validated, and warns that it has
+    no effect on the numerics yet."""
     _flags = {"optimization_level": (1, _optimization_level)}
+    _inert = {"optimization_level": "steps compute in the dtypes the model uses"}
 
 
 class Performance(_FlagGroup):
     """Performance flags.
 
     - `micro_batch_size`: None, "auto" (default), "explore", {"explore": {"min", "max"}}
-      or a positive int. Stored; micro-batching does not act on it yet.
+      or a positive int. Validated; micro-batching does not act on it yet (a warning says so).
     - `transfer_processes`: processes that move data to and from the device (default 5).
     - `compress_weights`: write checkpoints with LZ4 compression (default False).
     """
@@ -94,6 +103,12 @@ class Performance(_FlagGroup):
         "transfer_processes": (5, _positive_int),
         "compress_weights": (False, _bool),
     }
+    _inert = {
+        "micro_batch_size": "each batch runs whole in one step (for a mean-reduced loss, what "
+                            "micro-batching computes too); sizes are not explored",
+        "transfer_processes": "data moves to the devices in this process",
+    }
+    _honoured = {"micro_batch_size": (None, "auto")}
 
 
 class Debug(_FlagGroup):
@@ -102,6 +117,7 @@ class Debug(_FlagGroup):
     - `retrace_every_iteration` (default False): capture the step again on every call.
     - `lazy_initialization` (default True): initialise weights lazily; stored only.
     - `debug_args`, `ini` (default None): cluster debugging options; stored only.
+    Setting a stored-only flag to other than its default warns that it has no effect.
     - `compile_crd_memory_gi`, `execute_crd_memory_gi`, `wrk_memory_gi`, `act_memory_gi`,
       `cmd_memory_gi`, `wgt_memory_gi` (default None): memory limits of the cluster's
       roles in GiB; stored only, as there is no cluster here.
@@ -112,6 +128,13 @@ class Debug(_FlagGroup):
         "debug_args": (None, None),
         "ini": (None, None),
         **{f"{role}_memory_gi": (None, _optional_positive_int)
+           for role in ("compile_crd", "execute_crd", "wrk", "act", "cmd", "wgt")},
+    }
+    _inert = {
+        "lazy_initialization": "parameters are initialised on the host, then placed on the devices",
+        "debug_args": "there is no cluster to pass them to",
+        "ini": "there is no cluster to pass them to",
+        **{f"{role}_memory_gi": "there is no cluster whose memory it limits"
            for role in ("compile_crd", "execute_crd", "wrk", "act", "cmd", "wgt")},
     }
 

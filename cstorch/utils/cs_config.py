@@ -1,11 +1,16 @@
 """`cstorch.utils.CSConfig`: the configuration of a Wafer-Scale Cluster run.
 
 Here a cluster is emulated on JAX devices: `num_csx` is the number of systems the
-backend's mesh is split into (the "systems" axis); the other fields are validated and
-kept for scripts that set them, without effect, as there is no appliance to talk to.
+backend's mesh is split into (the "systems" axis) and `num_workers_per_csx` the number of
+streaming workers that build a dataloader for each system. The other fields are validated
+and kept for scripts that set them; as there is no appliance to talk to, setting one to
+other than its default warns that it has no effect.
 """
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, fields
 from typing import List, Optional
+
+_EMULATED = {"num_csx", "num_workers_per_csx"}
 
 
 @dataclass
@@ -33,7 +38,12 @@ class CSConfig:
         if self.precision_opt_level not in (0, 1, 2):
             raise ValueError(f"CSConfig.precision_opt_level must be 0, 1 or 2, got "
                              f"{self.precision_opt_level!r}")
-        for name in ("job_labels",):
-            for label in getattr(self, name) or []:
-                if "=" not in label:
-                    raise ValueError(f"CSConfig.job_labels entries are key=value pairs, got {label!r}")
+        for label in self.job_labels or []:
+            if "=" not in label:
+                raise ValueError(f"CSConfig.job_labels entries are key=value pairs, got {label!r}")
+        unused = [f.name for f in fields(self)
+                  if f.name not in _EMULATED and getattr(self, f.name) != f.default]
+        if unused:
+            warnings.warn(f"CSConfig {', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no "
+                          f"effect here: the cluster is emulated on JAX devices, and only num_csx "
+                          f"and num_workers_per_csx shape it", stacklevel=3)

@@ -99,10 +99,21 @@ def test_csx_flags_defaults_and_validation():
     assert csx.debug.debug_args is None and csx.debug.ini is None
     assert csx.debug.compile_crd_memory_gi is None and csx.debug.wgt_memory_gi is None
     try:
-        csx.precision.optimization_level = 2
-        csx.performance.micro_batch_size = {"explore": {"min": 2, "max": 8}}
-        csx.performance.micro_batch_size = 16
-        csx.performance.micro_batch_size = None
+        with pytest.warns(UserWarning, match="optimization_level has no effect"):
+            csx.precision.optimization_level = 2
+        with pytest.warns(UserWarning, match="micro_batch_size has no effect"):
+            csx.performance.micro_batch_size = {"explore": {"min": 2, "max": 8}}
+        with pytest.warns(UserWarning, match="micro_batch_size has no effect"):
+            csx.performance.micro_batch_size = 16
+        with pytest.warns(UserWarning, match="lazy_initialization has no effect"):
+            csx.debug.lazy_initialization = False
+        with pytest.warns(UserWarning, match="wrk_memory_gi has no effect"):
+            csx.debug.wrk_memory_gi = 8
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # what happens anyway, or a flag that acts
+            csx.performance.micro_batch_size = None
+            csx.precision.optimization_level = 1
+            csx.debug.retrace_every_iteration = True
         for bad in (3, -1, 1.0, True):
             with pytest.raises(ValueError, match=r"\[0, 3\)"):
                 csx.precision.optimization_level = bad
@@ -155,7 +166,8 @@ def test_csx_backend_runs_on_an_emulated_mesh():
 
 def test_csconfig_splits_the_mesh_into_systems_and_validates():
     import jax
-    config = cstorch.utils.CSConfig(num_csx=1, job_labels=["team=ml"])
+    with pytest.warns(UserWarning, match="CSConfig job_labels has no effect here"):
+        config = cstorch.utils.CSConfig(num_csx=1, job_labels=["team=ml"])
     assert config.max_wgt_servers == 24 and config.transfer_processes == 5
     assert cstorch.backend("CSX", cluster_config=config).mesh.shape["systems"] == 1
     with pytest.raises(ValueError, match="num_csx"):
@@ -167,6 +179,41 @@ def test_csconfig_splits_the_mesh_into_systems_and_validates():
     if len(jax.devices()) == 1:
         with pytest.raises(ValueError, match="cannot be split into 2 systems"):
             cstorch.backend("CSX", cluster_config=cstorch.utils.CSConfig(num_csx=2))
+
+
+def test_csconfig_fields_and_defaults_are_the_references():
+    import dataclasses
+    defaults = {f.name: f.default for f in dataclasses.fields(cstorch.utils.CSConfig)}
+    assert defaults == {
+        "mgmt_address": None, "credentials_path": None, "num_csx": 1, "max_wgt_servers": 24,
+        "max_act_per_csx": 1, "num_workers_per_csx": 1, "transfer_processes": 5,
+        "job_time_sec": None, "mount_dirs": None, "python_paths": None, "job_labels": None,
+        "debug_args": None, "precision_opt_level": 1}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the emulated fields shape the run: no warning
+        cstorch.utils.CSConfig(num_csx=2, num_workers_per_csx=3)
+    with pytest.warns(UserWarning, match="mgmt_address, max_wgt_servers have no effect"):
+        cstorch.utils.CSConfig(mgmt_address="10.0.0.1:9000", max_wgt_servers=4)
+
+
+def test_numpy_utilities_share_memory_and_keep_bfloat16():
+    import ml_dtypes
+    import numpy as np
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = cstorch.from_numpy(a)
+    t[0, 0] = 42.0
+    assert a[0, 0] == 42.0                        # zero-copy
+    assert np.shares_memory(cstorch.to_numpy(t), a)
+    b = np.array([1.5, -2.0, 3.25], dtype=ml_dtypes.bfloat16)
+    tb = cstorch.from_numpy(b)
+    assert tb.dtype == torch.bfloat16 and tb.tolist() == [1.5, -2.0, 3.25]
+    tb[1] = 8.0
+    assert float(b[1]) == 8.0
+    back = cstorch.to_numpy(tb)
+    assert back.dtype == ml_dtypes.bfloat16 and np.shares_memory(back, b)
+    frozen = np.ones(3, np.float32)
+    frozen.flags.writeable = False
+    assert torch.equal(cstorch.from_numpy(frozen), torch.ones(3))   # copied, no warning
 
 
 def test_numpy_utilities_round_trip():

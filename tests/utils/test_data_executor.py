@@ -139,7 +139,8 @@ def test_deprecated_arguments_warn_and_bad_writer_is_refused():
     flags = cstorch.backends.csx.performance
     try:
         with pytest.warns(FutureWarning, match="micro_batch_size=...\\) is deprecated"):
-            DataExecutor(_loader(), micro_batch_size=4)
+            with pytest.warns(UserWarning, match="micro_batch_size has no effect"):
+                DataExecutor(_loader(), micro_batch_size=4)
         assert flags.micro_batch_size == 4
         with pytest.raises(ValueError, match="micro_batch_size"):
             with pytest.warns(FutureWarning):
@@ -194,3 +195,21 @@ def test_executor_state_artifact_dir_and_quiet_progress(tmp_path, capsys):
     other = DataExecutor(_loader())
     assert other.artifact_dir != executor.artifact_dir
     assert capsys.readouterr().err == ""   # stderr is not a terminal here: no progress bar
+
+
+def test_progress_bar_on_a_terminal_shows_steps_and_the_loss(monkeypatch):
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    steps, checkpoints = [], []
+    step = _traced_step(steps, checkpoints)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    losses = [float(step(batch)) for batch in DataExecutor(_loader(), num_steps=3)]
+    out = terminal.getvalue()
+    assert "3/3" in out and "step" in out
+    assert f"loss={losses[0]:.4g}" in out
