@@ -5,7 +5,7 @@
 from bridge.capture import capture, decompositions
 from bridge.convert import (jax_to_tensor, numpy_to_tensor, tensor_to_input, tensor_to_jax,
                             tensor_to_numpy, to_jax_dtype, to_torch_dtype)
-from bridge.device_tensor import Cell, DeviceTensor
+from bridge.device_tensor import Absent, Cell, DeviceTensor
 from bridge.errors import LoweringError, TensorValueReadError
 from bridge.export import DynamicShapeError, to_jax
 from bridge.lower import check_lowerable, lower, missing_lowerings
@@ -14,6 +14,6 @@ from bridge.ops import LOWERINGS, lowering
 __all__ = [
     "capture", "decompositions", "lower", "check_lowerable", "missing_lowerings", "LOWERINGS",
     "lowering", "LoweringError", "TensorValueReadError", "tensor_to_jax", "tensor_to_numpy",
-    "jax_to_tensor", "numpy_to_tensor", "tensor_to_input", "Cell", "DeviceTensor",
+    "jax_to_tensor", "numpy_to_tensor", "tensor_to_input", "Absent", "Cell", "DeviceTensor",
     "to_jax_dtype", "to_torch_dtype", "to_jax", "DynamicShapeError",
 ]

@@ -7,6 +7,13 @@ Two passes, as torch 2.x allows for code that calls `loss.backward()` and mutate
    mutations become new values, views become copies, composite ops become core ops.
 The result is a pure function (inputs) -> (outputs) that `bridge.lower` turns into JAX.
 """
+import contextlib
+import contextvars
+import operator
+import os
+import sys
+import sysconfig
+import traceback
 from typing import Callable, Sequence
 
 import torch
@@ -14,11 +21,15 @@ import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 from torch._decomp import core_aten_decompositions, decomposition_table
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                           DynamicOutputShapeException, FakeTensor,
+                                           FakeTensorMode)
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
-from bridge.errors import TensorValueReadError
+from bridge.errors import (GRADIENT_OF, CaptureError, DataDependentShapeError,
+                           TensorValueReadError)
+from bridge.ops.recurrent import route as route_recurrent
 
 _Tensor = torch.Tensor
 # Every way Python code can look at a tensor's contents.
@@ -31,7 +42,11 @@ _VALUE_READS = {
 
 class _CaptureMode(TorchFunctionMode):
     """Refuses value reads; hands every real (not traced) tensor argument to `tensor_hook`,
-    which returns what the op should see instead (its traced stand-in) or raises."""
+    which returns what the op should see instead (its traced stand-in) or raises.
+
+    It also takes `nn.LSTM`/`nn.GRU`/`nn.RNN` calls before ATen sees them: on CPU
+    `aten.lstm` would pick an opaque oneDNN kernel, and the non-oneDNN path unrolls every
+    time step into the graph; `bridge.ops.recurrent` keeps one scanned op per layer."""
 
     def __init__(self, hint: str, tensor_hook=None):
         super().__init__()
@@ -40,16 +55,223 @@ class _CaptureMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in _VALUE_READS:
-            name = getattr(func, "__name__", str(func))
-            raise TensorValueReadError(
-                f"a tensor's value was read ({name}) while the step was being traced, but "
-                f"tensor values are not known until the step runs. {self.hint}")
+            raise TensorValueReadError(_value_read(getattr(func, "__name__", str(func)), self.hint))
         kwargs = kwargs or {}
         if self.tensor_hook is not None:
             args, kwargs = pytree.tree_map_only(
                 torch.Tensor, lambda t: t if isinstance(t, FakeTensor) else self.tensor_hook(t),
                 (args, kwargs))
+        _refuse_write_into_constant(func, args, kwargs)
+        # Raised here, the user's frames stay in the traceback; `from None` drops the fake
+        # tensor internals that would bury them.
+        try:
+            if func in _BACKWARD_CALLS:
+                return _backward(func, args, kwargs, self.hint)
+            recurrent = route_recurrent(func, args, kwargs)
+            if recurrent is not None:
+                return recurrent()
+            return func(*args, **kwargs)
+        except DynamicOutputShapeException as e:
+            raise DataDependentShapeError(_data_dependent(func, e)) from None
+        except DataDependentOutputException:
+            raise TensorValueReadError(_value_read(_name_of(func), self.hint)) from None
+
+
+# The capture in progress: the code objects of the user's function (its frames and those
+# it calls are the user's; the frames above it are the capture's own) and the folders of
+# library code, whose frames are never the user's line.
+_user_code = contextvars.ContextVar("bridge_user_code", default=None)
+_LIBRARY = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in
+                  ("stdlib", "platstdlib", "purelib", "platlib")}
+                 | {os.path.join(os.path.dirname(os.path.abspath(__file__)), ""), "<frozen "})
+
+
+def user_source() -> str | None:
+    """The user's frames at this point of the capture in progress, outermost first, as a
+    traceback prints them; None outside a capture or when no frame of the user's code is
+    on the stack."""
+    if _user_code.get() is None:
+        return None
+    codes, library = _user_code.get()
+    library = _LIBRARY + library
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    outer = max((i for i, f in enumerate(frames) if f.f_code in codes), default=None)
+    if outer is None:
+        # Not inside the user's function (a torch hook, say): its innermost own frame.
+        frames = [next((f for f in frames if not f.f_code.co_filename.startswith(library)), None)]
+    else:
+        frames = frames[outer::-1]
+    frames = [f for f in frames if f is not None and not f.f_code.co_filename.startswith(library)]
+    if not frames:
+        return None
+    summary = traceback.StackSummary.extract((f, f.f_lineno) for f in frames)
+    return "".join(summary.format()).rstrip()
+
+
+def with_user_line(message: str) -> str:
+    """`message` followed by the user's line it is about, when a capture is in progress."""
+    source = user_source()
+    return f"{message}\nIn the step, at:\n{source}" if source else message
+
+
+def _name_of(func) -> str:
+    return torch.overrides.resolve_name(func) or getattr(func, "__name__", str(func))
+
+
+def _value_read(name: str, hint: str) -> str:
+    return with_user_line(
+        f"a tensor's value was read ({name}) while the step was being traced, but tensor "
+        f"values are not known until the step runs. {hint}")
+
+
+def _data_dependent(func, error) -> str:
+    name = _name_of(func)
+    what = "indexing with a boolean mask (x[mask])" if name.endswith("__getitem__") else name
+    op = getattr(error, "func", None)
+    return with_user_line(
+        f"{what} gives a tensor whose shape depends on tensor values"
+        f"{f' (ATen op {op})' if op is not None else ''}, which a compiled step cannot have: "
+        "every shape must be known when the step is compiled. Use a static-shape form: "
+        "torch.where(cond, a, b) to pick values, a mask to multiply by (x * mask, then a sum) "
+        "to reduce over selected elements, ignore_index in a loss to skip targets, "
+        "torch.topk(x, k) with a fixed k for the largest elements, or "
+        "torch.nonzero_static(x, size=n) for a fixed number of indices")
+
+
+_IN_PLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                     "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
+                     "__ilshift__", "__irshift__", "__imatmul__"}
+
+
+def _refuse_write_into_constant(func, args, kwargs):
+    """A write into a real tensor the step closed over (not state, not an argument) would
+    be replayed on a copy baked into the program, never reaching that tensor."""
+    name = getattr(func, "__name__", "")
+    in_place = ((name.endswith("_") and not name.startswith("_") and name != "requires_grad_")
+                or name in _IN_PLACE_DUNDERS)
+    target = args[0] if in_place and args else kwargs.get("out")
+    if isinstance(target, torch.Tensor) and not isinstance(target, FakeTensor):
+        raise CaptureError(with_user_line(
+            f"the step writes in place ({_name_of(func)}) into a tensor of shape "
+            f"{tuple(target.shape)} that it neither created nor took as an argument (a global "
+            "or a closure variable); the compiled step works on a copy of such a tensor, so "
+            "the write would not reach it. Pass the tensor to the step as an argument and "
+            "return its new value, or write into a copy (t = t.clone())"))
+
+
+_BACKWARD_CALLS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+
+
+def _backward(func, args, kwargs, hint):
+    if torch.is_anomaly_enabled():
+        raise CaptureError(with_user_line(
+            "backward() runs under torch.autograd.detect_anomaly() (or set_detect_anomaly(True)) "
+            "while the step is traced: anomaly mode checks every gradient for NaN on the host "
+            "as backward runs, which a compiled step cannot do. Leave anomaly mode out of the "
+            "traced step; to look for NaN, compute torch.isnan(x).any() in the step and read "
+            f"it after the step. {hint}"))
+    roots = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
+    with _gradients_marked(pytree.tree_leaves(roots)):
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _gradients_marked(roots):
+    """Tag what each autograd node's backward records with the node's sequence number,
+    which the forward op that created the node carries as `node.meta["seq_nr"]`: an error
+    about a backward op can then name the forward line it differentiates."""
+    open_marks, handles = [], []
+
+    def before(seq):
+        def hook(grad_outputs):
+            mark = fx_traceback.annotate({GRADIENT_OF: seq})
+            mark.__enter__()
+            open_marks.append(mark)
+        return hook
+
+    def after(grad_inputs, grad_outputs):
+        if open_marks:
+            open_marks.pop().__exit__(None, None, None)
+
+    seen = set()
+    todo = [t.grad_fn for t in roots if isinstance(t, torch.Tensor)]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        todo.extend(n for n, _ in node.next_functions)
+        if not hasattr(node, "variable"):  # AccumulateGrad only writes `.grad`
+            handles.append(node.register_prehook(before(node._sequence_nr())))
+            handles.append(node.register_hook(after))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        while open_marks:
+            open_marks.pop().__exit__(None, None, None)
+
+
+def _point_gradients_at_forward(gm: fx.GraphModule):
+    """Give every node a backward recorded for a forward op that op's stack trace; a
+    node whose forward op has none keeps its own (the `backward()` line), untagged."""
+    forward = {}
+    for node in gm.graph.nodes:
+        seq = (node.meta.get("custom") or {}).get(GRADIENT_OF)
+        if seq is None:
+            if "seq_nr" in node.meta:
+                # The op that created autograd node `seq` comes first; ops after it that
+                # create none carry the same number.
+                forward.setdefault(node.meta["seq_nr"], node.meta.get("stack_trace"))
+        elif forward.get(seq):
+            node.meta["stack_trace"] = forward[seq]
+        else:
+            del node.meta["custom"][GRADIENT_OF]
+
+
+class _Replay(fx.Interpreter):
+    """Runs the first pass's graph with its tensor constants taken from `lifted`: passed
+    in as inputs, they are functionalised like any input, so in-place ops on them (a mask
+    made from a constant, `torch.tensor(...).mul_(2)`) become functional ops."""
+
+    def __init__(self, gm, lifted):
+        super().__init__(gm)
+        self.lifted = lifted
+
+    def get_attr(self, target, args, kwargs):
+        if target in self.lifted:
+            return self.lifted[target]
+        return super().get_attr(target, args, kwargs)
+
+
+def _tensor_constants(gm: fx.GraphModule) -> dict:
+    found = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target not in found:
+            value = operator.attrgetter(node.target)(gm)
+            if isinstance(value, torch.Tensor):
+                found[node.target] = value
+    return found
+
+
+def _constants_back(gm: fx.GraphModule, constants: list, first: int):
+    """Turn the placeholders from `first` on, the lifted constants, back into constants."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][first:]
+    for i, (node, value) in enumerate(zip(placeholders, constants)):
+        name = f"_lifted_constant{i}"
+        while hasattr(gm, name):
+            name += "_"
+        setattr(gm, name, value)  # a plain attribute, as make_fx keeps its own constants
+        with gm.graph.inserting_after(node):
+            constant = gm.graph.create_node("get_attr", name)
+        constant.meta = dict(node.meta)
+        node.replace_all_uses_with(constant)
+        gm.graph.erase_node(node)
 
 
 # Ops whose schema hides an in-place update from functionalisation (native_batch_norm
@@ -78,7 +300,8 @@ def decompositions():
 def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
             requires_grad: Sequence[bool] | None = None, *,
             value_read_hint: str = "Read values after the step instead.",
-            check_lowerings: bool = True, tensor_hook=None) -> fx.GraphModule:
+            check_lowerings: bool = True, tensor_hook=None, user_fn: Callable | None = None,
+            library: Sequence[str] = ()) -> fx.GraphModule:
     """Trace ``fn(*inputs) -> sequence of tensors`` into a functional core-ATen graph.
 
     `inputs` give shapes and dtypes only; `fn` runs on fake tensors and never sees their
@@ -89,7 +312,15 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     `value_read_hint` appended. With `check_lowerings`, an op that has no JAX lowering
     raises `LoweringError` here, naming the op, its overload and the user's source line.
     `tensor_hook(t)` sees every real tensor an op inside `fn` receives (one `fn` closed
-    over rather than took as an input) and returns the tensor the op uses in its place.
+    over rather than took as an input) and returns the tensor the op uses in its place;
+    a real tensor it lets through becomes a constant of the graph. In-place ops on
+    constants and on tensors made in `fn` are captured like any other op; an in-place
+    write into a real tensor `fn` closed over is refused (`CaptureError`), since the
+    program could only write into its own copy.
+
+    Errors name the line of `user_fn` (default `fn`; a caller that wraps the user's
+    function passes the user's) or of the code it calls, skipping frames of the standard
+    library, of installed packages, of bridge and of the folders in `library`.
     """
     requires_grad = list(requires_grad or [False] * len(inputs))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -106,21 +337,34 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     def flat_fn(*args):
         return list(fn(*args))
 
-    _anchor_stack_traces(fn)
-    with fake_mode, _CaptureMode(value_read_hint, tensor_hook):
-        with torch.enable_grad():
+    code = _anchor_stack_traces(user_fn if user_fn is not None else fn)
+    token = _user_code.set((frozenset([code] if code else []),
+                            tuple(os.path.join(os.path.abspath(d), "") for d in library)))
+    try:
+        # Node meta kept in this pass gives forward ops their autograd `seq_nr`, which
+        # `_gradients_marked` ties the backward ops to.
+        with fake_mode, _CaptureMode(value_read_hint, tensor_hook), \
+                fx_traceback.preserve_node_meta(), torch.enable_grad():
             autograd_graph = make_fx(flat_fn, decomposition_table=_HIDDEN_MUTATIONS,
                                      record_stack_traces=True)(*fakes(requires_grad))
+    finally:
+        _user_code.reset(token)
+    _point_gradients_at_forward(autograd_graph)
+    constants = _tensor_constants(autograd_graph)
 
     def replay(*args):
-        return fx.Interpreter(autograd_graph).run(*args)
+        lifted = dict(zip(constants, args[len(inputs):]))
+        return _Replay(autograd_graph, lifted).run(*args[:len(inputs)])
 
     with fake_mode, fx_traceback.preserve_node_meta():
         functional = torch.func.functionalize(replay, remove="mutations_and_views")
+        lifted = [torch.empty_strided(tuple(c.shape), tuple(c.stride()), dtype=c.dtype)
+                  for c in constants.values()]
         graph = make_fx(functional, decomposition_table=decompositions(),
-                        record_stack_traces=True)(*fakes([False] * len(inputs)))
+                        record_stack_traces=True)(*fakes([False] * len(inputs)), *lifted)
     _drop_profiler_ops(graph)
     _outputs_after_mutation(graph)
+    _constants_back(graph, list(constants.values()), len(inputs))
     graph.graph.eliminate_dead_code()
     graph.recompile()
     if check_lowerings:
@@ -153,19 +397,21 @@ def _anchor_stack_traces(fn):
     make_fx records only frames named `forward` (nn.Module code) unless a function is
     registered as an anchor; a step function is not a `forward`, and without its frames an
     error about an op could not point at the user's line. The second pass copies the
-    first pass's `stack_trace` through `preserve_node_meta`.
+    first pass's `stack_trace` through `preserve_node_meta`. Returns `fn`'s code object.
     """
-    try:
-        from torch.fx.proxy import _register_stack_trace_anchor
-    except ImportError:  # a torch without anchors: traces keep `forward` frames only
-        return
     target = getattr(fn, "__func__", fn)
     if not hasattr(target, "__code__"):
         target = getattr(type(fn), "__call__", None)
     while hasattr(target, "__wrapped__") and not hasattr(target, "__code__"):
         target = target.__wrapped__
-    if hasattr(target, "__code__"):
-        _register_stack_trace_anchor(target)
+    if not hasattr(target, "__code__"):
+        return None
+    try:
+        from torch.fx.proxy import _register_stack_trace_anchor
+    except ImportError:  # a torch without anchors: traces keep `forward` frames only
+        return target.__code__
+    _register_stack_trace_anchor(target)
+    return target.__code__
 
 
 def _drop_profiler_ops(gm: fx.GraphModule):

@@ -11,6 +11,7 @@ device tensor (in-place ops, `copy_`, `out=`, `.data` assignment) writes the res
 the cell. So `.data` writes, `nn.init`, `load_state_dict` and `with torch.no_grad():
 w.clamp_(...)` can never be bypassed, while values stay on the device until read.
 """
+import jax
 import torch
 import torch.utils._pytree as pytree
 
@@ -21,12 +22,41 @@ _ALIASES = {_aten.detach.default, _aten.alias.default}
 _GRAD = torch._C.TensorBase.grad
 _REQUIRES_GRAD = torch._C.TensorBase.requires_grad
 _flag_writes = [0]
+# Ops that use only the shape and dtype of their tensor argument: they run without reading
+# a value, so they work on state whose value is not there (drop_data, compile_only).
+_VALUE_FREE = {_aten.zeros_like, _aten.ones_like, _aten.full_like, _aten.empty_like,
+               _aten.rand_like, _aten.randn_like, _aten.randint_like, _aten.new_zeros,
+               _aten.new_ones, _aten.new_full, _aten.new_empty, _aten.new_empty_strided}
+
+
+def _shape_only(t) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype)
 
 
 def requires_grad_writes() -> int:
     """How many times a device tensor's `requires_grad` was set: a cache of the flags needs
     looking at them again only when this changed."""
     return _flag_writes[0]
+
+
+class Absent(jax.ShapeDtypeStruct):
+    """A state value that is not on the device: its shape, dtype and layout only.
+
+    Compilation needs nothing more, so runs that only compile or validate hold their state
+    this way. `host_value` keeps the value on the host where there is one; without it the
+    value is gone, and reading it raises an error that says `reason`.
+    """
+    __slots__ = ("host_value", "reason")
+
+    def __init__(self, shape, dtype, sharding, host_value=None, reason="the value was dropped"):
+        super().__init__(tuple(shape), dtype, sharding=sharding)
+        self.host_value = host_value
+        self.reason = reason
+
+    def read(self) -> torch.Tensor:
+        if self.host_value is None:
+            raise RuntimeError(f"this tensor has no value: {self.reason}")
+        return self.host_value
 
 
 class Cell:
@@ -51,11 +81,20 @@ class Cell:
     def host(self) -> torch.Tensor:
         """The value on the host. It may share memory with the device array: never write
         to it."""
-        return jax_to_tensor(self.array, self.dtype)
+        array = self.array
+        if isinstance(array, Absent):
+            return array.read()
+        return jax_to_tensor(array, self.dtype)
 
     def write(self, value: torch.Tensor):
-        """Make a host tensor the new value, laid out as the old one was."""
-        self.array = tensor_to_jax(value.to(self.dtype), self.array.sharding)
+        """Make a host tensor the new value, laid out as the old one was. A value kept on
+        the host stays there; a dropped one is uploaded (a checkpoint being loaded)."""
+        array = self.array
+        if isinstance(array, Absent) and array.host_value is not None:
+            self.array = Absent(array.shape, array.dtype, array.sharding,
+                                value.detach().to(self.dtype).clone(), array.reason)
+            return
+        self.array = tensor_to_jax(value.to(self.dtype), array.sharding)
 
 
 def _writes(func, i, name=None) -> bool:
@@ -184,7 +223,7 @@ class DeviceTensor(torch.Tensor):
 
     # host access without the dispatcher ---------------------------------------------
     def item(self):
-        if not self.view_ops:
+        if not self.view_ops and not isinstance(self.cell.array, Absent):
             return self.cell.array.item()
         return self.host_view().item()
 
@@ -252,7 +291,8 @@ class DeviceTensor(torch.Tensor):
         if written:
             _write_through(func, args, kwargs, written)
             return None if not func._schema.returns else targets[0]
-        host_args, host_kwargs = pytree.tree_map_only(DeviceTensor, DeviceTensor.host_view, (args, kwargs))
+        read = _shape_only if func.overloadpacket in _VALUE_FREE else DeviceTensor.host_view
+        host_args, host_kwargs = pytree.tree_map_only(DeviceTensor, read, (args, kwargs))
         out = func(*host_args, **host_kwargs)
         if func.is_view and isinstance(args[0], DeviceTensor):
             src = args[0]

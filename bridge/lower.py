@@ -12,7 +12,7 @@ import torch.fx as fx
 from torch._ops import OpOverload
 
 from bridge.convert import tensor_to_jax, to_jax_dtype
-from bridge.errors import LoweringError
+from bridge.errors import GRADIENT_OF, LoweringError
 from bridge.ops import LOWERINGS
 from bridge.ops.random import key_stream
 
@@ -37,7 +37,9 @@ def missing_lowerings(gm: fx.GraphModule) -> list[fx.Node]:
 def check_lowerable(gm: fx.GraphModule):
     missing = missing_lowerings(gm)
     if missing:
-        raise LoweringError(missing[0].target, source_of(missing[0]))
+        node = missing[0]
+        gradient = GRADIENT_OF in (node.meta.get("custom") or {})
+        raise LoweringError(node.target, source_of(node), gradient)
 
 
 def _cast_like_meta(node, result):

@@ -1,5 +1,7 @@
 """`cstorch.backend(...)`: the one backend of a run, its devices, mesh and state."""
+import json
 import os
+import sys
 import warnings
 from typing import Optional
 
@@ -23,6 +25,10 @@ _PARAMS = {
 _BOOL_PARAMS = {"compile_only", "validate_only", "drop_data", "log_initialization",
                 "retrace_every_iteration", "enable_distributed", "sync_batchnorm"}
 
+# Accepted and stored, without effect yet: setting one to another value than its default warns.
+_NO_EFFECT_YET = ("mixed_precision", "enable_distributed", "dist_backend", "init_method",
+                  "sync_batchnorm")
+
 _current: Optional["Backend"] = None
 
 
@@ -37,9 +43,17 @@ class Backend:
 
     Parameters are those the reference lists per type; `artifact_dir` defaults to
     ``$cwd/cerebras_logs``. A CSX backend also takes `cluster_config`, a
-    `cstorch.utils.CSConfig` whose `num_csx` splits the mesh into that many systems. `compile_only`, `validate_only`, `drop_data`, `log_initialization`,
+    `cstorch.utils.CSConfig` whose `num_csx` splits the mesh into that many systems.
+    On a CSX backend:
+    - `compile_only`: steps are captured, lowered and compiled, never executed; state
+      stays on the host (nothing is placed on the devices) and is never changed.
+    - `validate_only`: steps are captured and lowered only (no XLA compilation).
+    - `drop_data`: the initial values of the model and optimizer are dropped; a step runs
+      once a checkpoint has given every state tensor a value.
+    - `compile_dir` (when given): the persistent cache of compiled steps.
+    - `log_initialization`: a progress bar while `cstorch.compile` places the state.
     `mixed_precision`, `enable_distributed`, `dist_backend`, `init_method` and
-    `sync_batchnorm` are validated and stored but have no effect yet.
+    `sync_batchnorm` are validated and stored, and warn that they have no effect yet.
     """
 
     def __init__(self, backend_type: str, **params):
@@ -65,11 +79,17 @@ class Backend:
         if not isinstance(values.get("main_process_id", 0), int):
             raise TypeError(f"main_process_id must be an int, got {values['main_process_id']!r}")
         self.params = values
+        inert = [k for k in _NO_EFFECT_YET if k in params and params[k] != allowed[k]]
+        if inert:
+            warnings.warn(f"{self.backend_type} backend: {', '.join(inert)} "
+                          f"{'has' if len(inert) == 1 else 'have'} no effect yet (stored only)",
+                          stacklevel=3)
         self.artifact_dir = values["artifact_dir"] or os.path.join(os.getcwd(), "cerebras_logs")
         self.max_checkpoints = mc
         if self.backend_type == "CSX" and "compile_dir" in params:
-            os.makedirs(values["compile_dir"], exist_ok=True)
-            jax.config.update("jax_compilation_cache_dir", values["compile_dir"])
+            # The reference's default (/opt/cerebras/cached_compile) is a cluster path:
+            # only a directory the user names becomes the persistent cache.
+            wafer.use_compile_dir(values["compile_dir"])
 
         self.devices = self._devices()
         num_systems = 1
@@ -92,6 +112,54 @@ class Backend:
                     "GPU backend requested but JAX sees no GPU; install jax with CUDA support "
                     "or use cstorch.backend(\"CPU\")") from None
         return jax.devices()
+
+    @property
+    def drops_data(self):
+        """Why state values are not put on the device, if they are not: "compile_only",
+        "validate_only" (values kept on the host), "drop_data" (values dropped); else None."""
+        for mode in ("validate_only", "compile_only", "drop_data"):
+            if self.params.get(mode):
+                return mode
+        return None
+
+    @property
+    def executes(self) -> bool:
+        """False for a compile_only or validate_only backend: steps are not run."""
+        return not (self.params.get("compile_only") or self.params.get("validate_only"))
+
+    def layout_report(self, file=None, write: bool = True) -> list:
+        """Where every state tensor lives on the mesh: its partition and the bytes each
+        device holds against a replicated copy. Printed to `file` (default stdout;
+        `file=False` prints nothing) and, with `write`, written to `artifact_dir` as
+        layout.txt and layout.json. Returns the rows."""
+        self.state.sync()
+        rows = wafer.layout_report(self.state.arrays(), self.mesh)
+        text = wafer.format_layout(rows, self.mesh)
+        if file is not False:
+            print(text, file=file if file is not None else sys.stdout)
+        if write:
+            os.makedirs(self.artifact_dir, exist_ok=True)
+            with open(os.path.join(self.artifact_dir, "layout.txt"), "w") as f:
+                f.write(text + "\n")
+            with open(os.path.join(self.artifact_dir, "layout.json"), "w") as f:
+                json.dump(rows, f, indent=1)
+        return rows
+
+    @property
+    def precision_level(self):
+        """The precision optimization level steps are compiled at: the CSX flag
+        `cstorch.backends.csx.precision.optimization_level`; None (exact float32) on CPU
+        and GPU backends."""
+        return csx.precision.optimization_level if self.is_csx else None
+
+    @property
+    def matmul_policy(self):
+        """The `bridge.precision.MatmulPolicy` of `precision_level` (None: exact float32)."""
+        level = self.precision_level
+        if not level:
+            return None
+        from bridge.precision import MatmulPolicy
+        return MatmulPolicy(**wafer.matmul_dtypes(level))
 
     @property
     def is_csx(self) -> bool:

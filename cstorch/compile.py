@@ -1,7 +1,10 @@
 """`cstorch.compile(model)`: hand a module's state to the backend."""
+import sys
+import time
 from typing import Optional, Union
 
 import torch
+from tqdm.auto import tqdm
 
 from cstorch.backend import Backend, backend as make_backend, current_backend_impl
 
@@ -43,7 +46,8 @@ def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = Non
     from the module before this call are the old, host ones.
 
     `backend` is a Backend, a backend type ("CPU", "CSX", "GPU"), or None for the current
-    backend (a CPU backend is created if there is none).
+    backend (a CPU backend is created if there is none). A CSX backend with
+    `log_initialization` (the default) shows the tensors being placed on a terminal.
     """
     if isinstance(model, CompiledModule):
         raise TypeError("this module has already been compiled; pass the module itself, once")
@@ -58,5 +62,13 @@ def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = Non
     if any(m is model for m in backend.modules):
         raise RuntimeError("this module has already been compiled on this backend")
     backend.modules.append(model)
-    backend.state.refresh()
+    tensors = len(model.state_dict(keep_vars=True))
+    start = time.perf_counter()
+    show = bool(backend.params.get("log_initialization")) and sys.stderr.isatty()
+    with tqdm(total=tensors, desc="initializing", unit="tensor", disable=not show) as bar:
+        backend.state.refresh(initial=True, progress=bar)
+    if show:
+        print(f"cstorch: initialized {type(model).__name__} ({tensors} tensors) on the "
+              f"{backend.backend_type} mesh {dict(backend.mesh.shape)} in "
+              f"{time.perf_counter() - start:.2f} s", file=sys.stderr)
     return CompiledModule(model, backend)

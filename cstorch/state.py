@@ -20,7 +20,15 @@ import torch
 
 import wafer
 from bridge import tensor_to_jax, to_jax_dtype
-from bridge.device_tensor import Cell, DeviceTensor, requires_grad_writes
+from bridge.device_tensor import Absent, Cell, DeviceTensor, requires_grad_writes
+
+_DROPPED = {
+    "compile_only": "the backend is compile_only: no step is executed, so no value is computed",
+    "validate_only": "the backend is validate_only: no step is executed, so no value is computed",
+    "drop_data": "the backend was created with drop_data=True, which drops every state value; "
+                 "load a checkpoint with values for every state tensor (model.load_state_dict, "
+                 "optimizer.load_state_dict) before reading or running",
+}
 
 
 @dataclass
@@ -86,11 +94,19 @@ class RunState:
         # During a refresh: id(host tensor) -> (host tensor, device tensor that replaced it),
         # so a tensor held in two places (tied weights, an optimizer's params) stays one cell.
         self._replaced = {}
+        self._initial = False
+        self._progress = None
 
     # registration ------------------------------------------------------------------
-    def refresh(self):
-        """Walk every compiled module and optimizer, adopt what is new, rebuild the entries."""
+    def refresh(self, initial: bool = False, progress=None):
+        """Walk every compiled module and optimizer, adopt what is new, rebuild the entries.
+
+        `initial`: what is adopted is a model's or optimizer's initial state, which a
+        drop_data backend drops (a loaded checkpoint, adopted later, is kept). `progress`
+        (a tqdm bar) advances once per tensor adopted."""
         self.dirty = False
+        self._initial = initial
+        self._progress = progress
         self._replaced = {}
         index: dict[int, int] = {}
         cells, names, entries = [], [], []
@@ -121,6 +137,7 @@ class RunState:
             for name, table, key, tensor in opt.state_entries(replaced):
                 add(name, table, key, tensor)
         self._replaced = {}
+        self._progress = None
         changed = [id(c) for c in cells] != [id(c) for c in self.cells] or \
             [(e.cell, id(e.table), e.key) for e in entries] != \
             [(e.cell, id(e.table), e.key) for e in self.entries]
@@ -156,7 +173,18 @@ class RunState:
                 dict.__setitem__(table, key, device)
             return device
         sharding = wafer.state_sharding(self.backend.mesh, tuple(tensor.shape))
-        cell = Cell(_to_device(tensor, sharding), tensor.dtype)
+        dropped = self.backend.drops_data
+        if dropped == "drop_data" and not self._initial:
+            dropped = None
+        if dropped is None:
+            value = _to_device(tensor, sharding)
+        else:
+            kept = dropped != "drop_data"
+            if isinstance(tensor, DeviceTensor):
+                tensor = tensor.host()
+            value = Absent(tensor.shape, to_jax_dtype(tensor.dtype), sharding,
+                           tensor.detach() if kept else None, _DROPPED[dropped])
+        cell = Cell(value, tensor.dtype)
         device = DeviceTensor(cell)
         if isinstance(tensor, torch.nn.Parameter):
             device = torch.nn.Parameter(device, requires_grad=tensor.requires_grad)
@@ -167,6 +195,8 @@ class RunState:
         else:
             dict.__setitem__(table, key, device)
         self._replaced[id(tensor)] = (tensor, device)
+        if self._progress is not None:
+            self._progress.update(1)
         return device
 
     def sync(self):
@@ -192,6 +222,11 @@ class RunState:
         """The device tensor of the cell called `name`."""
         i = self.names.index(name)
         return next(e.tensor for e in self.entries if e.cell == i)
+
+    def absent(self) -> list:
+        """Names of the state tensors that have no value on the device."""
+        return [name for name, cell in zip(self.names, self.cells)
+                if isinstance(cell.array, Absent)]
 
     def requires_grad_key(self) -> tuple:
         """`requires_grad` of every state tensor, looked at again only after one was set."""

@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import jax
 
+from wafer.cache import counted
 from wafer.layout import batch_sharding, replicated, state_sharding
 
 
@@ -18,6 +19,9 @@ class CompiledStep:
     input_shardings: list   # of the call's tensor inputs
 
     def __call__(self, *args):
+        if self.executable is None:
+            raise RuntimeError("this step was lowered but not compiled (a validate_only "
+                               "backend); it cannot run")
         return self.executable(*args)
 
     def jaxpr(self):
@@ -25,13 +29,15 @@ class CompiledStep:
 
 
 def compile_step(fn: Callable, args, *, mesh, artifact_dir: str | None = None,
-                 name: str = "step") -> CompiledStep:
+                 name: str = "step", compile: bool = True) -> CompiledStep:
     """Jit `fn` for `mesh` and compile it ahead of time, so later calls never retrace.
 
-    `args` are example arguments ``(state, grads, hyper, inputs, rng)``: state and
-    gradients (lists of arrays) are laid over the grid (the old state donated), the
-    hyperparameter vector and the PRNG pair replicated, inputs split over the batch. One trace gives the
-    jaxpr, the lowering and the executable, and the artifacts written from them.
+    `args` are example arguments ``(state, grads, hyper, inputs, rng)`` (arrays, or
+    `jax.ShapeDtypeStruct`s with a sharding): state and gradients (lists) are laid over
+    the grid (the old state donated), the hyperparameter vector and the PRNG pair
+    replicated, inputs split over the batch. One trace gives the jaxpr, the lowering and
+    the executable, and the artifacts written from them. Without `compile` the step is
+    only lowered (no XLA compilation, no executable).
     """
     state, grads, hyper, inputs, rng = args
     state_sh = [state_sharding(mesh, tuple(a.shape)) for a in state]
@@ -42,7 +48,10 @@ def compile_step(fn: Callable, args, *, mesh, artifact_dir: str | None = None,
                      out_shardings=(state_sh, None, None), donate_argnums=(0,))
     traced = jitted.trace(*args)
     lowered = traced.lower()
-    executable = lowered.compile()
+    executable = None
+    if compile:
+        with counted():
+            executable = lowered.compile()
     if artifact_dir:
         write_artifacts(traced, lowered, executable, artifact_dir, name)
     return CompiledStep(executable, traced, lowered, input_sh)
@@ -56,6 +65,8 @@ def write_artifacts(traced, lowered, executable, artifact_dir: str, name: str):
         f.write(str(traced.jaxpr))
     with open(path("stablehlo.mlir"), "w") as f:
         f.write(lowered.as_text())
+    if executable is None:   # lowered only: nothing compiled to analyse
+        return
     with open(path("hlo.txt"), "w") as f:
         f.write(executable.as_text() or "")
     report = {}

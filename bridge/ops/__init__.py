@@ -2,6 +2,6 @@
 from bridge.ops.registry import LOWERINGS, lowering
 from bridge.ops import (attention, bessel, binning, checks, conv, creation,  # noqa: F401
                         elementwise, factorization, fft, indexing, linalg, loss, norm, ordering,
-                        pooling, random, reduction, resample, shape, special)
+                        pooling, random, recurrent, reduction, resample, shape, special)
 
 __all__ = ["LOWERINGS", "lowering"]

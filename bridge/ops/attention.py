@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from bridge import precision
 from bridge.ops.registry import lowering
 
 aten = torch.ops.aten
@@ -20,13 +21,13 @@ def _attention(q, k, v, is_causal, attn_mask, scale):
     if k.shape[-3] != q.shape[-3]:  # grouped-query attention: repeat kv heads
         rep = q.shape[-3] // k.shape[-3]
         k, v = jnp.repeat(k, rep, axis=-3), jnp.repeat(v, rep, axis=-3)
-    s = jnp.einsum("...qd,...kd->...qk", q, k) * scale
+    s = precision.einsum("...qd,...kd->...qk", q, k) * scale
     if is_causal:
         lq, lk = s.shape[-2:]
         s = jnp.where(jnp.tril(jnp.ones((lq, lk), bool)), s, -jnp.inf)
     if attn_mask is not None:
         s = jnp.where(attn_mask, s, -jnp.inf) if attn_mask.dtype == jnp.bool_ else s + attn_mask
-    return jnp.einsum("...qk,...kd->...qd", jax.nn.softmax(s, axis=-1), v)
+    return precision.einsum("...qk,...kd->...qd", jax.nn.softmax(s, axis=-1), v)
 
 
 @lowering(aten._scaled_dot_product_flash_attention_for_cpu.default)

@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from bridge import precision
 from bridge.ops.registry import lowering
 
 aten = torch.ops.aten
@@ -17,10 +18,9 @@ def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, gro
     stride, padding, dilation = (list(v) * nd if len(v) == 1 else list(v)
                                  for v in (stride, padding, dilation))
     if not transposed:
-        out = jax.lax.conv_general_dilated(
+        out = precision.conv(
             x, w, window_strides=stride, padding=[(p, p) for p in padding],
-            rhs_dilation=dilation, dimension_numbers=dims, feature_group_count=groups,
-            precision=jax.lax.Precision.HIGHEST)
+            rhs_dilation=dilation, dimension_numbers=dims, feature_group_count=groups)
     else:
         output_padding = list(output_padding) * nd if len(output_padding) == 1 else list(output_padding)
         if groups != 1:
@@ -37,10 +37,10 @@ def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, gro
         k = w.shape[2:]
         pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
                 for kk, p, d, op in zip(k, padding, dilation, output_padding)]
-        out = jax.lax.conv_general_dilated(
+        out = precision.conv(
             x, jnp.flip(w, tuple(range(2, 2 + nd))), window_strides=[1] * nd, padding=pads,
             lhs_dilation=stride, rhs_dilation=dilation, dimension_numbers=dims,
-            feature_group_count=groups, precision=jax.lax.Precision.HIGHEST)
+            feature_group_count=groups)
     if bias is not None:
         out = out + bias.reshape((1, -1) + (1,) * nd)
     return out

@@ -264,6 +264,29 @@ def _pnorm(diff, p):
     return jnp.sum(diff ** p, axis=-1) ** (1.0 / p)
 
 
+@lowering(aten._cdist_backward.default)
+def cdist_backward(grad, x1, x2, p, dist):
+    """Gradient of `cdist` for `x1` (autograd swaps the arguments for `x2`), by the
+    derivative of the p-norm: sign(d) |d|^(p-1) / dist^(p-1). Written out rather than as
+    the VJP of `cdist`: at a zero distance (cdist(x, x)'s diagonal), and for p < 1 at a
+    zero difference, the VJP is NaN where ATen gives 0."""
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    dist = dist[..., None]
+    zero = jnp.zeros((), diff.dtype)
+    if p == 0:
+        slope = jnp.zeros_like(diff)
+    elif p == 1:
+        slope = jnp.sign(diff)
+    elif p == float("inf"):
+        slope = jnp.where(jnp.abs(diff) == dist, jnp.sign(diff), zero)
+    else:
+        safe_dist = jnp.where(dist == 0, 1, dist)
+        safe_diff = jnp.where(diff == 0, 1, jnp.abs(diff))
+        slope = jnp.where((dist == 0) | (diff == 0), zero,
+                          jnp.sign(diff) * (safe_diff / safe_dist) ** (p - 1))
+    return jnp.sum(grad[..., None] * slope, axis=-2)
+
+
 @lowering(aten._pdist_forward.default)
 def pdist(x, p=2.0):
     n = x.shape[0]

@@ -267,30 +267,97 @@ def nonzero_static(x, size, fill_value=-1):
     return jnp.stack(idx, axis=-1)
 
 
+def _bag_of(n, offsets, bags):
+    """The bag each of `n` flattened indices falls in (ATen's `offset2bag`)."""
+    return jnp.searchsorted(offsets[:bags], jnp.arange(n), side="right") - 1
+
+
+def _kept(indices, padding_idx):
+    if padding_idx is not None and padding_idx >= 0:
+        return indices != padding_idx
+    return jnp.ones(indices.shape, bool)
+
+
 @lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
 def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
-    """Bags given by 1-D `indices` and `offsets` (mode 0 sum, 1 mean, 2 max)."""
+    """Bags given by 1-D `indices` and `offsets` (mode 0 sum, 1 mean, 2 max). The other
+    outputs are what the backward reads, shaped as ATen's: offset2bag (empty in sum mode
+    without padding_idx), the bag sizes, and in max mode the weight row each maximum
+    came from (0 for an empty bag, as ATen gives)."""
     n = indices.shape[0]
     bags = offsets.shape[0] - (1 if include_last_offset else 0)
-    bag_of = jnp.searchsorted(offsets[:bags], jnp.arange(n), side="right") - 1
+    bag_of = _bag_of(n, offsets, bags)
     rows = weight[indices]
-    keep = indices != padding_idx if padding_idx is not None and padding_idx >= 0 else \
-        jnp.ones(n, bool)
+    keep = _kept(indices, padding_idx)
     if per_sample_weights is not None:
         rows = rows * per_sample_weights[:, None]
     rows = jnp.where(keep[:, None], rows, 0)
     counts = jnp.zeros(bags, weight.dtype).at[bag_of].add(keep.astype(weight.dtype))
+    sizes = counts.astype(jnp.int32)
+    extra = sizes
     if mode == 2:
-        out = jnp.full((bags, weight.shape[1]), -jnp.inf, weight.dtype).at[bag_of].max(
+        best = jnp.full((bags, weight.shape[1]), -jnp.inf, weight.dtype).at[bag_of].max(
             jnp.where(keep[:, None], rows, -jnp.inf))
-        out = jnp.where(counts[:, None] > 0, out, 0)
+        out = jnp.where(counts[:, None] > 0, best, 0)
+        # the first row reaching the maximum, as ATen's kernel keeps the first on ties
+        hit = keep[:, None] & (rows == best[bag_of])
+        first = jnp.full(best.shape, n).at[bag_of].min(jnp.where(hit, jnp.arange(n)[:, None], n))
+        extra = jnp.concatenate([indices, jnp.zeros((1,), indices.dtype)])[first]
     else:
         out = jnp.zeros((bags, weight.shape[1]), weight.dtype).at[bag_of].add(rows)
         if mode == 1:
             out = out / jnp.maximum(counts, 1)[:, None]
-    zero = jnp.zeros((0,), jnp.int32)
-    return out, zero, counts.astype(jnp.int32), zero
+    padded = padding_idx is not None and padding_idx >= 0
+    offset2bag = bag_of if mode != 0 or padded else jnp.zeros((0,), jnp.int32)
+    return out, offset2bag, sizes, extra
+
+
+def _bag_weight_grad(grad, indices, bag_of, bag_size, maximum_indices, num_weights,
+                     scale_grad_by_freq, mode, per_sample_weights, padding_idx):
+    out = jnp.zeros((num_weights, grad.shape[1]), grad.dtype)
+    if mode == 2:
+        # each output element came from one weight element; empty bags from none
+        rows = jnp.where(bag_size[:, None] > 0, maximum_indices, num_weights)
+        return out.at[rows, jnp.arange(grad.shape[1])].add(grad, mode="drop")
+    rows = grad[bag_of]
+    if mode == 1:
+        rows = rows / jnp.maximum(bag_size[bag_of], 1).astype(grad.dtype)[:, None]
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None]
+    if scale_grad_by_freq:
+        freq = jnp.zeros(num_weights, grad.dtype).at[indices].add(1)
+        rows = rows / freq[indices][:, None]
+    rows = jnp.where(_kept(indices, padding_idx)[:, None], rows, 0)
+    return out.at[indices].add(rows)
+
+
+@lowering(aten._embedding_bag_backward.default)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                           num_weights, scale_grad_by_freq, mode, sparse,
+                           per_sample_weights, padding_idx=-1):
+    """The dense weight gradient (a `sparse=True` bag gets it dense too). The bags are
+    recomputed from `offsets`: ATen's forward leaves `offset2bag` empty in sum mode."""
+    bag_of = _bag_of(indices.shape[0], offsets, grad.shape[0])
+    return _bag_weight_grad(grad, indices, bag_of, bag_size, maximum_indices, num_weights,
+                            scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@lowering(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
+                                 num_weights, scale_grad_by_freq, mode,
+                                 per_sample_weights, padding_idx=-1):
+    return _bag_weight_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                            scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@lowering(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
+                                              padding_idx=-1):
+    """Sum mode only (ATen refuses weights otherwise): each weight scaled one row."""
+    bag_of = _bag_of(indices.shape[0], offsets, grad.shape[0])
+    dots = jnp.sum(grad[bag_of] * weight[indices], axis=1)
+    return jnp.where(_kept(indices, padding_idx), dots, 0)
 
 
 @lowering(aten.nonzero.default)

@@ -1,17 +1,15 @@
 """Matrix products."""
-import jax
 import jax.numpy as jnp
 import torch
 
+from bridge import precision
 from bridge.ops.registry import lowering
 
 aten = torch.ops.aten
-# float32 matmuls at full precision, as eager PyTorch computes them on the CPU.
-_PRECISION = jax.lax.Precision.HIGHEST
 
 
 def _matmul(a, b):
-    return jnp.matmul(a, b, precision=_PRECISION)
+    return precision.dot(a, b)
 
 
 @lowering(aten.mm.default, aten.bmm.default, aten.matmul.default)
@@ -45,7 +43,7 @@ def mv(a, v):
 
 @lowering(aten.dot.default, aten.vdot.default)
 def dot(a, b):
-    return jnp.dot(a, b, precision=_PRECISION)
+    return precision.dot(a, b)
 
 
 @lowering(aten.outer.default)

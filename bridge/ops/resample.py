@@ -1,6 +1,7 @@
 """Resampling: nearest/linear upsampling, grid sampling and col2im (fold)."""
-import numpy as np
+import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from bridge.ops.registry import lowering
@@ -23,6 +24,19 @@ def _nearest_axis(x, axis, out, scale, exact=False):
     return jnp.take(x, jnp.asarray(src), axis=axis)
 
 
+def _taps_along(x, axis, src, weights):
+    """out[i] = sum_k weights[i, k] * x[src[i, k]] along `axis`, from one gather: the
+    backward (its transpose) is then one scatter, which XLA compiles much faster than
+    one per tap."""
+    out, k = src.shape
+    taps = jnp.take(x, jnp.asarray(src.reshape(-1)), axis=axis)
+    taps = taps.reshape(x.shape[:axis] + (out, k) + x.shape[axis + 1:])
+    shape = [1] * taps.ndim
+    shape[axis:axis + 2] = out, k
+    w = jnp.asarray(weights.astype(np.float32), x.dtype).reshape(shape)
+    return jnp.sum(taps * w, axis=axis + 1)
+
+
 def _linear_axis(x, axis, out, scale, align_corners):
     n = x.shape[axis]
     if align_corners:
@@ -32,38 +46,96 @@ def _linear_axis(x, axis, out, scale, align_corners):
         pos = np.maximum((np.arange(out) + 0.5) * ratio - 0.5, 0.0)
     lo = np.minimum(np.floor(pos).astype(np.int64), n - 1)
     hi = np.minimum(lo + 1, n - 1)
-    w = jnp.asarray((pos - lo).astype(np.float32), x.dtype)
-    shape = [1] * x.ndim
-    shape[axis] = out
-    w = w.reshape(shape)
-    a, b = jnp.take(x, jnp.asarray(lo), axis=axis), jnp.take(x, jnp.asarray(hi), axis=axis)
-    return a * (1 - w) + b * w
+    w = (pos - lo).astype(np.float32)
+    return _taps_along(x, axis, np.stack([lo, hi], -1), np.stack([1 - w, w], -1))
+
+
+def _cubic_coeffs(t, a=-0.75):
+    """Weights of ATen's cubic convolution for the taps at -1, 0, 1, 2 around a point a
+    fraction `t` past tap 0 (Keys' kernel with ATen's a = -0.75)."""
+    near = lambda d: ((a + 2) * d - (a + 3)) * d * d + 1
+    far = lambda d: ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def _cubic_axis(x, axis, out, scale, align_corners):
+    n = x.shape[axis]
+    if align_corners:
+        pos = np.arange(out) * ((n - 1) / (out - 1) if out > 1 else 0.0)
+    else:
+        # unlike linear, cubic does not clamp the source position at 0
+        pos = (np.arange(out) + 0.5) * ((1.0 / scale) if scale else n / out) - 0.5
+    base = np.floor(pos).astype(np.int64)
+    src = np.clip(base[:, None] + np.arange(-1, 3), 0, n - 1)
+    return _taps_along(x, axis, src, np.stack(_cubic_coeffs(pos - base), -1))
+
+
+def _resample(x, nd, sizes, scales, axis_fn):
+    """Resample the last `nd` axes, one axis at a time (every mode here is separable)."""
+    for i, (o, s) in enumerate(zip(sizes, scales)):
+        x = axis_fn(x, x.ndim - nd + i, o, s)
+    return x
+
+
+def _transpose(forward, grad, input_size):
+    """The input gradient of a resampling. Each is linear in its input, so its VJP is the
+    transpose of the very gathers the forward lowering uses: exact, and no second copy of
+    the index arithmetic to keep in step with the forward."""
+    _, vjp = jax.vjp(forward, jnp.zeros(tuple(input_size), grad.dtype))
+    return vjp(grad)[0]
 
 
 def _upsample_nearest(nd, exact=False):
+    axis_fn = lambda x, axis, o, s: _nearest_axis(x, axis, o, s, exact)
+
     def fn(x, output_size, scale_factors=None):
         sizes, scales = _out_sizes(x, nd, output_size, scale_factors)
-        for i, (o, s) in enumerate(zip(sizes, scales)):
-            x = _nearest_axis(x, x.ndim - nd + i, o, s, exact)
-        return x
-    return fn
+        return _resample(x, nd, sizes, scales, axis_fn)
+
+    def backward(grad, output_size, input_size, *scales):
+        scales = list(scales) + [None] * (nd - len(scales))
+        forward = lambda x: _resample(x, nd, output_size, scales, axis_fn)
+        return _transpose(forward, grad, input_size)
+    return fn, backward
 
 
-def _upsample_linear(nd):
+def _upsample_interp(nd, interp_axis):
+    def axis_fn(align_corners):
+        return lambda x, axis, o, s: interp_axis(x, axis, o, s, align_corners)
+
     def fn(x, output_size, align_corners, scale_factors=None):
         sizes, scales = _out_sizes(x, nd, output_size, scale_factors)
-        for i, (o, s) in enumerate(zip(sizes, scales)):
-            x = _linear_axis(x, x.ndim - nd + i, o, s, align_corners)
-        return x
-    return fn
+        return _resample(x, nd, sizes, scales, axis_fn(align_corners))
+
+    def backward(grad, output_size, input_size, align_corners, *scales):
+        scales = list(scales) + [None] * (nd - len(scales))
+        forward = lambda x: _resample(x, nd, output_size, scales, axis_fn(align_corners))
+        return _transpose(forward, grad, input_size)
+    return fn, backward
 
 
 for _nd in (1, 2, 3):
-    lowering(getattr(aten, f"upsample_nearest{_nd}d").vec)(_upsample_nearest(_nd))
-    lowering(getattr(aten, f"_upsample_nearest_exact{_nd}d").vec)(_upsample_nearest(_nd, True))
-lowering(aten.upsample_linear1d.vec)(_upsample_linear(1))
-lowering(aten.upsample_bilinear2d.vec)(_upsample_linear(2))
-lowering(aten.upsample_trilinear3d.vec)(_upsample_linear(3))
+    for _name, _exact in ((f"upsample_nearest{_nd}d", False),
+                          (f"_upsample_nearest_exact{_nd}d", True)):
+        _fwd, _bwd = _upsample_nearest(_nd, _exact)
+        lowering(getattr(aten, _name).vec)(_fwd)
+        lowering(getattr(aten, f"{_name}_backward").default)(_bwd)
+for _name, _nd in (("upsample_linear1d", 1), ("upsample_bilinear2d", 2),
+                   ("upsample_trilinear3d", 3)):
+    _fwd, _bwd = _upsample_interp(_nd, _linear_axis)
+    lowering(getattr(aten, _name).vec)(_fwd)
+    lowering(getattr(aten, f"{_name}_backward").default)(_bwd)
+
+
+@lowering(aten.upsample_bicubic2d.default)
+def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=None):
+    # Lowered rather than left to PyTorch's decomposition so that the backward below is
+    # the exact transpose of the forward, and the pair compiles in a fraction of the time.
+    cubic = lambda x, axis, o, s: _cubic_axis(x, axis, o, s, align_corners)
+    return _resample(x, 2, output_size, [scales_h, scales_w], cubic)
+
+
+lowering(aten.upsample_bicubic2d_backward.default)(_upsample_interp(2, _cubic_axis)[1])
 
 
 def _reflect(coord, twice_low, twice_high):
@@ -74,6 +146,13 @@ def _reflect(coord, twice_low, twice_high):
     dist = jnp.abs(coord - low)
     extra, flips = jnp.fmod(dist, span), jnp.floor(dist / span)
     return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
+def _clip(coord, size):
+    """Clamp a source coordinate into the image. ATen's backward passes no gradient to a
+    coordinate sitting exactly on the border; jnp.clip would pass half of it there."""
+    inside = (coord > 0) & (coord < size - 1)
+    return jnp.where(inside, coord, jnp.clip(jax.lax.stop_gradient(coord), 0, size - 1))
 
 
 @lowering(aten.grid_sampler_2d.default)
@@ -91,44 +170,34 @@ def grid_sampler_2d(x, grid, interpolation_mode=0, padding_mode=0, align_corners
         if padding_mode == 2:
             coord = (_reflect(coord, 0, 2 * (size - 1)) if align_corners
                      else _reflect(coord, -1, 2 * size - 1))
-        if padding_mode in (1, 2):
-            coord = jnp.clip(coord, 0, size - 1)
-        return coord
+        return _clip(coord, size) if padding_mode in (1, 2) else coord
     gx, gy = unnorm(grid[..., 0], w), unnorm(grid[..., 1], h)
     batch = jnp.arange(n)[:, None, None]
 
-    def at(iy, ix):
+    def taps(points):
+        """Sum of weight * x over (iy, ix, weight) points. One gather for all of them:
+        its transpose, the backward, is then one scatter, which XLA compiles in about
+        half the time of one per tap."""
+        iy, ix, weight = (jnp.stack(list(p)) for p in zip(*points))
         valid = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
-        v = x[batch, :, jnp.clip(iy, 0, h - 1), jnp.clip(ix, 0, w - 1)]  # n, oh, ow, c
-        return jnp.where(valid[..., None], v, 0)
+        v = x[batch, :, jnp.clip(iy, 0, h - 1), jnp.clip(ix, 0, w - 1)]  # k, n, oh, ow, c
+        out = jnp.sum(jnp.where(valid[..., None], v, 0) * weight[..., None], axis=0)
+        return jnp.moveaxis(out, -1, 1)
     if interpolation_mode == 2:
         # bicubic pads each of the 4x4 integer taps, not the sampling point
         x0, y0 = jnp.floor(gx), jnp.floor(gy)
-        tx, ty = gx - x0, gy - y0
-        a = -0.75
-
-        def coeffs(t):
-            near = lambda d: ((a + 2) * d - (a + 3)) * d * d + 1
-            far = lambda d: ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
-            return [far(t + 1), near(t), near(1 - t), far(2 - t)]
-        cx, cy = coeffs(tx), coeffs(ty)
-        out = 0
-        for j in range(4):
-            iy = pad(y0 - 1 + j, h).astype(jnp.int32)
-            for i in range(4):
-                ix = pad(x0 - 1 + i, w).astype(jnp.int32)
-                out = out + at(iy, ix) * (cx[i] * cy[j])[..., None]
-        return jnp.moveaxis(out, -1, 1)
+        cx, cy = _cubic_coeffs(gx - x0), _cubic_coeffs(gy - y0)
+        return taps([(pad(y0 - 1 + j, h).astype(jnp.int32), pad(x0 - 1 + i, w).astype(jnp.int32),
+                      cx[i] * cy[j]) for j in range(4) for i in range(4)])
     gx, gy = pad(gx, w), pad(gy, h)
     if interpolation_mode == 1:
-        out = at(jnp.round(gy).astype(jnp.int32), jnp.round(gx).astype(jnp.int32))
-    else:
-        x0, y0 = jnp.floor(gx), jnp.floor(gy)
-        wx, wy = (gx - x0)[..., None], (gy - y0)[..., None]
-        x0, y0 = x0.astype(jnp.int32), y0.astype(jnp.int32)
-        out = (at(y0, x0) * (1 - wx) * (1 - wy) + at(y0, x0 + 1) * wx * (1 - wy)
-               + at(y0 + 1, x0) * (1 - wx) * wy + at(y0 + 1, x0 + 1) * wx * wy)
-    return jnp.moveaxis(out, -1, 1)
+        return taps([(jnp.round(gy).astype(jnp.int32), jnp.round(gx).astype(jnp.int32),
+                      jnp.ones_like(gx))])
+    x0, y0 = jnp.floor(gx), jnp.floor(gy)
+    wx, wy = gx - x0, gy - y0
+    x0, y0 = x0.astype(jnp.int32), y0.astype(jnp.int32)
+    return taps([(y0, x0, (1 - wx) * (1 - wy)), (y0, x0 + 1, wx * (1 - wy)),
+                 (y0 + 1, x0, (1 - wx) * wy), (y0 + 1, x0 + 1, wx * wy)])
 
 
 @lowering(aten.grid_sampler_3d.default)
@@ -142,7 +211,7 @@ def grid_sampler_3d(x, grid, interpolation_mode=0, padding_mode=0, align_corners
         g = (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
         if padding_mode == 2:
             g = _reflect(g, 0, 2 * (size - 1)) if align_corners else _reflect(g, -1, 2 * size - 1)
-        return jnp.clip(g, 0, size - 1) if padding_mode in (1, 2) else g
+        return _clip(g, size) if padding_mode in (1, 2) else g
     gx, gy, gz = coord(0), coord(1), coord(2)
     batch = jnp.arange(n)[:, None, None, None]
 
@@ -165,6 +234,21 @@ def grid_sampler_3d(x, grid, interpolation_mode=0, padding_mode=0, align_corners
                               * (fz if dz else 1 - fz))
                     out = out + at(z0 + dz, y0 + dy, x0 + dx) * weight[..., None]
     return jnp.moveaxis(out, -1, 1)
+
+
+def _sampler_backward(forward):
+    def backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+        """Gradients of input and grid: the VJP of the forward lowering. Nearest sampling
+        gives the grid a zero gradient (rounding has none), as ATen does."""
+        sample = lambda x, grid: forward(x, grid, interpolation_mode, padding_mode, align_corners)
+        _, vjp = jax.vjp(sample, x, grid)
+        grad_x, grad_grid = vjp(grad)
+        return (grad_x if output_mask[0] else None, grad_grid if output_mask[1] else None)
+    return backward
+
+
+lowering(aten.grid_sampler_2d_backward.default)(_sampler_backward(grid_sampler_2d))
+lowering(aten.grid_sampler_3d_backward.default)(_sampler_backward(grid_sampler_3d))
 
 
 @lowering(aten.col2im.default)
@@ -217,3 +301,12 @@ def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_
     wh = jnp.asarray(_aa_weights(h, output_size[0], align_corners, scales_h), x.dtype)
     ww = jnp.asarray(_aa_weights(w, output_size[1], align_corners, scales_w), x.dtype)
     return jnp.einsum("...hw,oh,pw->...op", x, wh, ww)
+
+
+@lowering(aten._upsample_bilinear2d_aa_backward.default)
+def upsample_bilinear2d_aa_backward(grad, output_size, input_size, align_corners,
+                                    scales_h=None, scales_w=None):
+    h, w = input_size[-2:]
+    wh = jnp.asarray(_aa_weights(h, output_size[0], align_corners, scales_h), grad.dtype)
+    ww = jnp.asarray(_aa_weights(w, output_size[1], align_corners, scales_w), grad.dtype)
+    return jnp.einsum("...op,oh,pw->...hw", grad, wh, ww)

@@ -60,7 +60,13 @@ def _optimization_level(name, value):
         raise ValueError(f"{name} must be an integer in range [0, 3), got {value!r}")
 
 
-def _micro_batch_size(name, value):
+def _optional_positive_number(name, value):
+    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                              or not value > 0):
+        raise ValueError(f"{name} must be None or a positive number, got {value!r}")
+
+
+def _micro_batch_size(name, value, per_step=True):
     if value is None or value in ("auto", "explore"):
         return
     if isinstance(value, int) and not isinstance(value, bool):
@@ -77,24 +83,37 @@ def _micro_batch_size(name, value):
         if bounds.get("min") and bounds.get("max") and bounds["min"] > bounds["max"]:
             raise ValueError(f"{name}['explore']: min {bounds['min']} exceeds max {bounds['max']}")
         return
+    if per_step and isinstance(value, dict) and value and "explore" not in value \
+            and all(isinstance(k, str) for k in value):
+        for step, v in value.items():
+            _micro_batch_size(f"{name}[{step!r}]", v, per_step=False)
+        return
     raise ValueError(
-        f"{name} must be None, 'auto', 'explore', a positive int or "
-        f"{{'explore': {{'min': int, 'max': int}}}}, got {value!r}")
+        f"{name} must be None, 'auto', 'explore', a positive int, "
+        f"{{'explore': {{'min': int, 'max': int}}}}, or a dict of those keyed by traced step "
+        f"function name, got {value!r}")
 
 
 class Precision(_FlagGroup):
     """Precision flags. `optimization_level` (POL, an int in [0, 3), default 1) selects how
-    much reduced precision the compiler may use; it is validated, and warns that it has
-    no effect on the numerics yet."""
+    much reduced precision steps on a CSX backend compute in (`wafer.precision` has the
+    table): 0 is float32 throughout, 1 rounds matmul and convolution operands to bfloat16
+    with float32 results, 2 also rounds their results to bfloat16. Weights, optimizer
+    state and reductions stay float32 at every level."""
     _flags = {"optimization_level": (1, _optimization_level)}
-    _inert = {"optimization_level": "steps compute in the dtypes the model uses"}
 
 
 class Performance(_FlagGroup):
     """Performance flags.
 
-    - `micro_batch_size`: None, "auto" (default), "explore", {"explore": {"min", "max"}}
-      or a positive int. Validated; micro-batching does not act on it yet (a warning says so).
+    - `micro_batch_size` (CSX only; `docs/micro-batching.md`): a positive int cuts each
+      batch into micro-batches of that size, run in one loop on the device with the
+      gradients combined before the optimizer runs once; None runs batches whole; "auto"
+      (default) picks the largest size whose program fits the memory budget (the whole
+      batch when it fits); "explore" or {"explore": {"min": int, "max": int}} compiles
+      and times every size, prints a table and trains nothing; a dict keyed by traced step
+      function name ({"training_step": 4, "eval_step": None}) gives each step its own
+      value, "auto" for steps it does not name.
     - `transfer_processes`: processes that move data to and from the device (default 5).
     - `compress_weights`: write checkpoints with LZ4 compression (default False).
     """
@@ -103,12 +122,7 @@ class Performance(_FlagGroup):
         "transfer_processes": (5, _positive_int),
         "compress_weights": (False, _bool),
     }
-    _inert = {
-        "micro_batch_size": "each batch runs whole in one step (for a mean-reduced loss, what "
-                            "micro-batching computes too); sizes are not explored",
-        "transfer_processes": "data moves to the devices in this process",
-    }
-    _honoured = {"micro_batch_size": (None, "auto")}
+    _inert = {"transfer_processes": "data moves to the devices in this process"}
 
 
 class Debug(_FlagGroup):
@@ -118,16 +132,19 @@ class Debug(_FlagGroup):
     - `lazy_initialization` (default True): initialise weights lazily; stored only.
     - `debug_args`, `ini` (default None): cluster debugging options; stored only.
     Setting a stored-only flag to other than its default warns that it has no effect.
-    - `compile_crd_memory_gi`, `execute_crd_memory_gi`, `wrk_memory_gi`, `act_memory_gi`,
-      `cmd_memory_gi`, `wgt_memory_gi` (default None): memory limits of the cluster's
-      roles in GiB; stored only, as there is no cluster here.
+    - `act_memory_gi` (default None): the activation memory budget per device, in GiB (a
+      fraction is accepted), that `micro_batch_size="auto"` fits XLA's scratch memory into;
+      without it "auto" fits the whole step into the device's memory.
+    - `compile_crd_memory_gi`, `execute_crd_memory_gi`, `wrk_memory_gi`, `cmd_memory_gi`,
+      `wgt_memory_gi` (default None): memory limits of the cluster's other roles in GiB;
+      stored only, as there is no cluster here.
     """
     _flags = {
         "retrace_every_iteration": (False, _bool),
         "lazy_initialization": (True, _bool),
         "debug_args": (None, None),
         "ini": (None, None),
-        **{f"{role}_memory_gi": (None, _optional_positive_int)
+        **{f"{role}_memory_gi": (None, _optional_positive_number)
            for role in ("compile_crd", "execute_crd", "wrk", "act", "cmd", "wgt")},
     }
     _inert = {
@@ -135,7 +152,7 @@ class Debug(_FlagGroup):
         "debug_args": "there is no cluster to pass them to",
         "ini": "there is no cluster to pass them to",
         **{f"{role}_memory_gi": "there is no cluster whose memory it limits"
-           for role in ("compile_crd", "execute_crd", "wrk", "act", "cmd", "wgt")},
+           for role in ("compile_crd", "execute_crd", "wrk", "cmd", "wgt")},
     }
 
 

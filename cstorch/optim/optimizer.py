@@ -40,7 +40,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
         self._backend.optimizers.append(self)
         self._prefix = ("optimizer" if len(self._backend.optimizers) == 1
                         else f"optimizer{len(self._backend.optimizers) - 1}")
-        self._backend.state.refresh()
+        self._backend.state.refresh(initial=True)
 
     def increment_global_step(self, group) -> torch.Tensor:
         """Advance and return the param group's step counter (`enable_global_step=True`):

@@ -11,6 +11,7 @@ that was never compiled is registered with a notice and the capture starts again
 import contextlib
 import contextvars
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -22,14 +23,20 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import bridge
 import wafer
+from bridge.capture import with_user_line
 from bridge.device_tensor import DeviceTensor, GradSource
+from bridge.precision import matmul_policy
 from cstorch.optim.optimizer import Optimizer
+from cstorch.tracing import micro_batch
 from cstorch.tracing.arguments import Call, Results
 
 log = logging.getLogger("cstorch")
 
 VALUE_READ_HINT = ("To look at a tensor's value, pass it to a function decorated with "
                    "@cstorch.step_closure, which runs after the step with the computed values.")
+
+# cstorch's own code: its frames are never the user's line an error names.
+_LIBRARY = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
 
 # The capture in progress, if any: step closures called during it are recorded here.
 capturing = contextvars.ContextVar("cstorch_capture", default=None)
@@ -78,6 +85,8 @@ class Program:
     grad_source: Any = None   # bridge.device_tensor.GradSource of the gradients it leaves
     grads_bound: int = -1     # the state version the parameters' gradient slots were bound at
     grad_layout: Any = None   # gradients returned packed: see _grad_layout
+    micro_batch_size: int | None = None   # None: the batch runs whole
+    explored: Any = None      # micro_batch.ExploreResult of an "explore" program, which trains nothing
 
 
 class UnregisteredModule(Exception):
@@ -90,9 +99,9 @@ def _refuse_optimizers(on_host: set):
     parameters (ids in `on_host`) belong to no compiled module."""
     def hook(optimizer, args, kwargs):
         if id(optimizer) in on_host:
-            raise RuntimeError(
+            raise RuntimeError(with_user_line(
                 "the optimizer holds a parameter that belongs to no compiled module; call "
-                "cstorch.compile(model) before creating the optimizer for its parameters")
+                "cstorch.compile(model) before creating the optimizer for its parameters"))
         _refuse_torch_optimizer(optimizer, args, kwargs)
     return hook
 
@@ -103,10 +112,10 @@ def _refuse_torch_optimizer(optimizer, args, kwargs):
     # torch's optimizers create their state lazily inside the step and hold the module's
     # own parameters, not the traced ones: under trace they would silently update nothing.
     name = type(optimizer).__name__
-    raise TypeError(
+    raise TypeError(with_user_line(
         f"a torch.optim.{name} is used in a traced step; traced steps need optimizers whose "
         f"state exists before the first step: use cstorch.optim.{name} "
-        f"(from cerebras.pytorch.optim) instead")
+        f"(from cerebras.pytorch.optim) instead"))
 
 
 @contextlib.contextmanager
@@ -122,11 +131,11 @@ def _refuse_torch_schedulers():
         name = type(self).__name__
         alternative = (f"use cstorch.optim.lr_scheduler.{name}, which steps on the device inside "
                        "a traced step, or " if hasattr(ours, name) else "")
-        raise RuntimeError(
+        raise RuntimeError(with_user_line(
             f"torch.optim.lr_scheduler.{name}.step() was called inside a traced step, where its "
             f"Python-side learning rate cannot follow the compiled program; {alternative}call "
             "scheduler.step() outside the traced function, between steps (that reuses the "
-            "compiled program: learning rates are inputs of the step)")
+            "compiled program: learning rates are inputs of the step)"))
     for c in classes:
         c.step = refuse
     try:
@@ -137,6 +146,38 @@ def _refuse_torch_schedulers():
                 del c.step
             else:
                 c.step = s
+
+
+@contextlib.contextmanager
+def _refuse_torch_grad_scaler():
+    """torch.amp.GradScaler decides on the host, from `found_inf.item()`, whether to skip
+    the optimizer step. Refuse an enabled one where the step uses it, naming the class to
+    use; a disabled one only passes values through and stays allowed."""
+    cls = torch.amp.GradScaler
+    names = ("scale", "unscale_", "step", "update")
+    saved = {k: cls.__dict__[k] for k in names}
+
+    def refusing(name):
+        original = saved[name]
+
+        def method(self, *args, **kwargs):
+            if not self.is_enabled() or type(self).__module__.split(".")[0] in ("cstorch",
+                                                                             "cerebras"):
+                return original(self, *args, **kwargs)
+            raise RuntimeError(with_user_line(
+                f"torch.amp.GradScaler.{name}() was called inside a traced step: the scaler "
+                "reads the gradients' values on the host to decide whether to skip the "
+                "optimizer step, which a compiled step cannot do. Use cstorch.amp.GradScaler "
+                "(from cerebras.pytorch.amp), which keeps the loss scale and that decision on "
+                "the device, or create the torch scaler with enabled=False"))
+        return method
+    for k in names:
+        setattr(cls, k, refusing(k))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(cls, k, v)
 
 
 @contextlib.contextmanager
@@ -251,18 +292,18 @@ def _stray_tensor_hook(state, traced):
         if isinstance(t, DeviceTensor):
             i = state.index.get(id(t.cell))
             if i is None:
-                raise RuntimeError(
+                raise RuntimeError(with_user_line(
                     f"the traced step reads a tensor of shape {tuple(t.shape)} computed by an "
                     "earlier step (or held by another backend) without taking it as an "
-                    "argument; pass it to the step function as an argument")
+                    "argument; pass it to the step function as an argument"))
             return t._apply_view(traced[i])
         if isinstance(t, torch.nn.Parameter):
-            raise RuntimeError(
+            raise RuntimeError(with_user_line(
                 f"the traced step reads a torch.nn.Parameter of shape {tuple(t.shape)} that "
                 "belongs to no compiled module, so later changes to it could not reach the "
                 "compiled program; pass the module that holds it to cstorch.compile before "
                 "the first step (a parameter taken from a module before cstorch.compile is "
-                "the old host tensor: take it from the module again)")
+                "the old host tensor: take it from the module again)"))
         return t
     return hook
 
@@ -271,7 +312,8 @@ def capture_program(step_fn, backend, call: Call, name: str) -> Program:
     """Capture `step_fn` for this call, registering modules it uses that were not compiled."""
     while True:
         try:
-            return _capture(step_fn, backend, call, name)
+            return micro_batch.capture(
+                backend, call, name, lambda micro: _capture(step_fn, backend, call, name, micro))
         except UnregisteredModule as e:
             module = e.module
             print(f"cstorch: {type(module).__name__} used in {name} was not passed to "
@@ -281,7 +323,7 @@ def capture_program(step_fn, backend, call: Call, name: str) -> Program:
             backend.state.refresh()
 
 
-def _capture(step_fn, backend, call: Call, name: str) -> Program:
+def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
     state = backend.state
     state.sync()
     cells = list(state.cells)
@@ -315,6 +357,8 @@ def _capture(step_fn, backend, call: Call, name: str) -> Program:
             stack.enter_context(_bind(backend, traced))
             stack.enter_context(_bind_hyper(hyper_items, hyp))
             stack.enter_context(_track_zero_grad(leaves, entry_grads, cleared))
+            if micro is not None:
+                stack.enter_context(micro.mark(leaves.values()))
             token = capturing.set(ctx)
             stack.callback(capturing.reset, token)
             result = step_fn(*args, **kwargs)
@@ -333,28 +377,39 @@ def _capture(step_fn, backend, call: Call, name: str) -> Program:
               + [_Spec(tuple(cells[i].array.shape), cells[i].dtype) for i in grad_in]
               + [_Spec((), torch.float32)] * (2 * len(hyper))
               + [_Spec(tuple(t.shape), t.dtype) for t in tensors])
+    if micro is not None:
+        shapes = micro.capture_shapes(shapes, len(shapes) - len(tensors))
     requires_grad = needs_grad + [False] * (len(shapes) - n)
     on_host = {id(opt) for opt in backend.optimizers if not opt.on_device}
     hook = register_optimizer_step_pre_hook(_refuse_optimizers(on_host))
     try:
-        with _refuse_torch_schedulers(), _register_unseen_modules():
+        # Errors raised while the step runs (value reads, refusals) keep the user's frames
+        # in their traceback and name the user's line.
+        with _refuse_torch_schedulers(), _refuse_torch_grad_scaler(), \
+                _register_unseen_modules():
             graph = bridge.capture(step, shapes, requires_grad, value_read_hint=VALUE_READ_HINT,
-                                   tensor_hook=_stray_tensor_hook(state, traced_now))
-    except bridge.TensorValueReadError as e:
-        raise RuntimeError(str(e)) from None
+                                   tensor_hook=_stray_tensor_hook(state, traced_now),
+                                   user_fn=step_fn, library=_LIBRARY)
     finally:
         hook.remove()
-    lowered = bridge.lower(graph)
+    _write_graph(graph, backend.artifact_dir, name)
+    if micro is None:
+        lowered = bridge.lower(graph)
+    else:
+        lowered = micro.lower(graph, n, len(shapes) - len(tensors), backend.mesh)
+        info["shapes"] = micro.output_shapes(info["shapes"], n + len(info["grad_out"]))
     grad_out = info["grad_out"]
     n_hyper = len(hyper)
 
     layout = _grad_layout([cells[i] for i in grad_out]) if len(backend.devices) == 1 else None
+    policy = backend.matmul_policy
 
     def jax_fn(state_arrays, grads, hyper_values, inputs, rng):
         def key():
             return jax.random.fold_in(jax.random.PRNGKey(rng[0]), rng[1])
         flat_hyper = [hyper_values[i] for i in range(2 * n_hyper)]
-        outs = lowered(*state_arrays, *grads, *flat_hyper, *inputs, key=key)
+        with matmul_policy(policy):
+            outs = lowered(*state_arrays, *grads, *flat_hyper, *inputs, key=key)
         grads_out = list(outs[n:n + len(grad_out)])
         if layout is not None:
             grads_out = _pack(grads_out, layout)
@@ -364,12 +419,24 @@ def _capture(step_fn, backend, call: Call, name: str) -> Program:
         jax_fn, ([c.array for c in cells], [cells[i].array for i in grad_in],
                  np.zeros(2 * n_hyper, np.float32), [bridge.tensor_to_input(t) for t in tensors],
                  np.zeros(2, np.uint32)),
-        mesh=backend.mesh, artifact_dir=backend.artifact_dir, name=name)
+        mesh=backend.mesh, artifact_dir=backend.artifact_dir, name=name,
+        compile=not backend.params.get("validate_only"))
+    if backend.artifact_dir:
+        backend.layout_report(file=False)
     grad_rule = {i: (i in grad_in) for i in params if i not in cleared}
     return Program(graph, jax_fn, compiled, list(state.names), grad_in, grad_out, grad_rule,
                    hyper, info["results"], info["dtypes"], info["shapes"], ctx.closures,
                    uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=layout,
                    grad_source=GradSource())
+
+
+def _write_graph(graph, artifact_dir, name):
+    """The captured ATen graph, beside the jaxpr and StableHLO `wafer` writes."""
+    if not artifact_dir:
+        return
+    os.makedirs(artifact_dir, exist_ok=True)
+    with open(os.path.join(artifact_dir, f"{name}.aten.txt"), "w") as f:
+        f.write(graph.print_readable(print_output=False))
 
 
 def _grad_layout(cells):

@@ -9,24 +9,46 @@ at once: state, gradients and returned tensors stay on the device as `DeviceTens
 until something reads them.
 """
 import functools
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 
 import wafer
-from bridge.convert import tensor_to_input
-from bridge.device_tensor import DeviceTensor, unpack
+from bridge.convert import tensor_to_input, to_jax_dtype
+from bridge.device_tensor import Absent, DeviceTensor, unpack
 from cstorch.backend import current_backend_impl
 from cstorch.optim.optimizer import group_writes
+from cstorch.tracing import micro_batch
 from cstorch.tracing.arguments import fingerprint, split_call
 from cstorch.tracing.capture import Program, capture_program, capturing
 from cstorch.utils.data.executor import is_activation_step, is_checkpoint_step, note_step_output
 
 
 _PLAIN = (bool, int, str, type(None))
+_noticed: set = set()
+
+
+def _notice(message: str):
+    """A one-line notice on stderr, once per message."""
+    if message not in _noticed:
+        _noticed.add(message)
+        print(f"cstorch: {message}", file=sys.stderr)
+
+
+def _check_values(state):
+    missing = state.absent()
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise RuntimeError(
+            f"cannot run the step: the backend was created with drop_data=True and these state "
+            f"tensors have no value: {shown}. Load a checkpoint with values for every state "
+            f"tensor first, e.g. state = cstorch.load(path); model.load_state_dict(state['model']); "
+            f"optimizer.load_state_dict(state['optimizer'])")
 
 
 class TracedStep:
@@ -51,7 +73,8 @@ class TracedStep:
         state = backend.state
         static, values = self._groups(backend)
         key = (call.key, state.version, tuple([m.training for m in state.modules()]),
-               state.requires_grad_key(), static)
+               state.requires_grad_key(), static, micro_batch.key(backend, self.name),
+               backend.precision_level)
         return key, values
 
     def _groups(self, backend):
@@ -136,6 +159,10 @@ class TracedStep:
         state.sync()
         call = split_call(args, kwargs)
         program, values = self._program(backend, call)
+        if not backend.executes:
+            return self._not_executed(program, backend)
+        if backend.drops_data == "drop_data":
+            _check_values(state)
         grads_in = [_grad_param(state, i).grad_array() for i in program.grad_inputs]
         new_state, grads, outs = program.compiled(
             state.arrays_list, grads_in, self._hyper_array(program, values, backend),
@@ -154,9 +181,24 @@ class TracedStep:
         note_step_output(results)
         return results
 
+    def _not_executed(self, program, backend):
+        """A compile_only or validate_only call: the program was made, nothing runs. The
+        results are tensors without values; closures that would read values are skipped."""
+        mode = "compile_only" if backend.params.get("compile_only") else "validate_only"
+        reason = f"the backend is {mode}, so steps are not executed"
+        values = [DeviceTensor.of(Absent(shape, to_jax_dtype(dt), None, None, reason), dt, shape)
+                  for dt, shape in zip(program.out_dtypes, program.out_shapes)]
+        for call in program.closures:
+            if call.tensor_positions:
+                _notice(f"{mode}: step closure {getattr(call.fn, '__qualname__', call.fn)!r} "
+                        f"skipped, it reads values that are not computed")
+            elif not call.checkpoint_only or is_checkpoint_step():
+                args, kwargs = pytree.tree_unflatten(list(call.leaves), call.spec)
+                call.fn(*args, **kwargs)
+        return program.results.rebuild(values)
+
     @staticmethod
     def _run_closures(program, values):
-        import torch.utils._pytree as pytree
         it = iter(values)
         fetched = is_activation_step()
         for call in program.closures:

@@ -69,7 +69,8 @@ def test_positional_parameters_follow_the_reference_order(tmp_path):
     assert b.artifact_dir == str(tmp_path / "art")
     assert b.params["compile_dir"] == str(tmp_path / "cache")
     assert b.params["compile_only"] is False and b.params["validate_only"] is True
-    b = cstorch.backend("cpu", None, 3, True)
+    with pytest.warns(UserWarning, match="CPU backend: mixed_precision has no effect yet"):
+        b = cstorch.backend("cpu", None, 3, True)
     assert b.max_checkpoints == 3 and b.params["mixed_precision"] is True
 
 
@@ -99,12 +100,9 @@ def test_csx_flags_defaults_and_validation():
     assert csx.debug.debug_args is None and csx.debug.ini is None
     assert csx.debug.compile_crd_memory_gi is None and csx.debug.wgt_memory_gi is None
     try:
-        with pytest.warns(UserWarning, match="optimization_level has no effect"):
-            csx.precision.optimization_level = 2
-        with pytest.warns(UserWarning, match="micro_batch_size has no effect"):
-            csx.performance.micro_batch_size = {"explore": {"min": 2, "max": 8}}
-        with pytest.warns(UserWarning, match="micro_batch_size has no effect"):
-            csx.performance.micro_batch_size = 16
+        csx.precision.optimization_level = 2
+        csx.performance.micro_batch_size = {"explore": {"min": 2, "max": 8}}
+        csx.performance.micro_batch_size = 16
         with pytest.warns(UserWarning, match="lazy_initialization has no effect"):
             csx.debug.lazy_initialization = False
         with pytest.warns(UserWarning, match="wrk_memory_gi has no effect"):

@@ -1,0 +1,68 @@
+"""The dtypes matrix products and convolutions compute in, while a step is lowered.
+
+Lowerings of matmuls and convolutions call `dot`/`conv` here instead of jax directly, so
+one policy, set by whoever lowers the step, decides their precision:
+
+- `operands`: the dtype float32 operands are rounded to before the product (None: kept);
+- `result`: the dtype the product is rounded to (None: float32, accumulated in float32).
+
+Other dtypes (float64, float16, bfloat16 models, integers) are left alone: a policy only
+trades float32 precision away. With no policy set, products are exact float32, as eager
+PyTorch computes them on the CPU.
+"""
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+@dataclass(frozen=True)
+class MatmulPolicy:
+    operands: Optional[Any] = None
+    result: Optional[Any] = None
+
+
+_policy: contextvars.ContextVar[Optional[MatmulPolicy]] = contextvars.ContextVar(
+    "bridge_matmul_policy", default=None)
+
+
+@contextlib.contextmanager
+def matmul_policy(policy: Optional[MatmulPolicy]):
+    """Lower matmuls and convolutions under `policy` while inside."""
+    token = _policy.set(policy)
+    try:
+        yield
+    finally:
+        _policy.reset(token)
+
+
+def _apply(fn, a, b, **kwargs):
+    policy = _policy.get()
+    if policy is None or a.dtype != jnp.float32 or b.dtype != jnp.float32:
+        return fn(a, b, precision=_HIGHEST, **kwargs)
+    if policy.operands is not None:
+        a, b = a.astype(policy.operands), b.astype(policy.operands)
+    out = fn(a, b, precision=_HIGHEST, preferred_element_type=jnp.float32, **kwargs)
+    if policy.result is not None:
+        out = out.astype(policy.result)
+    return out.astype(jnp.float32)
+
+
+def dot(a, b):
+    """`jnp.matmul(a, b)` under the current policy."""
+    return _apply(jnp.matmul, a, b)
+
+
+def einsum(spec: str, a, b):
+    """A two-operand `jnp.einsum` under the current policy."""
+    return _apply(lambda x, y, **kw: jnp.einsum(spec, x, y, **kw), a, b)
+
+
+def conv(x, w, **kwargs):
+    """`jax.lax.conv_general_dilated(x, w, ...)` under the current policy."""
+    return _apply(jax.lax.conv_general_dilated, x, w, **kwargs)
