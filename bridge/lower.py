@@ -4,6 +4,8 @@ The graph is walked once per JAX trace: under `jax.jit` that happens at compile 
 no Python runs per op per step afterwards.
 """
 import operator
+import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +26,31 @@ _WRITE_BACKS = {torch.ops.aten.copy_.default}
 def source_of(node: fx.Node) -> str | None:
     trace = node.meta.get("stack_trace")
     return trace.strip() if trace else None
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def user_location(node: fx.Node) -> str | None:
+    """``file:line`` of the innermost frame outside torch that made `node` (for a
+    gradient op, the line of the forward op it differentiates)."""
+    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+    for path, line in reversed(frames):
+        if not path.startswith(_TORCH_DIR):
+            return f"{os.path.basename(path)}:{line}"
+    return None
+
+
+def scope_name(node: fx.Node) -> str:
+    """The name an op's JAX ops are grouped under: its ATen op and the user's line, so the
+    StableHLO, the optimised HLO and profiles point at model code."""
+    target = node.target
+    name = f"{target._schema.name.replace('::', '.')}.{target._overloadname}" \
+        if isinstance(target, OpOverload) else getattr(target, "__name__", str(target))
+    where = user_location(node)
+    # '/' separates JAX scopes; a name keeps to one level.
+    return (f"{name} {where}" if where else name).replace("/", "|")
 
 
 def missing_lowerings(gm: fx.GraphModule) -> list[fx.Node]:
@@ -60,12 +87,30 @@ def _cast_like_meta(node, result):
     return result
 
 
-def lower(gm: fx.GraphModule):
+class Lowered:
+    """What `lower` returns: callable as the JAX function; `checked` lists the ops whose
+    results a finite check covers, in the order of its flags."""
+
+    def __init__(self, run, checked):
+        self.run, self.checked = run, checked
+
+    def __call__(self, *inputs, key=None):
+        return self.run(*inputs, key=key)
+
+
+def _all_finite(value):
+    return jnp.all(jnp.isfinite(value)) if jnp.issubdtype(value.dtype, jnp.inexact) else None
+
+
+def lower(gm: fx.GraphModule, check_finite: bool = False) -> Lowered:
     """The JAX function of `gm`: ``fn(*flat_inputs, key=None) -> list of outputs``.
 
     `key` is the PRNG key random ops draw from, or a function that makes it (called only
     if the graph has random ops); graphs without random ops ignore it.
     Tensors the graph holds as constants become constants of the JAX function.
+    Each op runs under a `jax.named_scope` of its ATen name and the user's ``file:line``.
+    With `check_finite`, one more output: a bool vector saying, per floating input and
+    op result (`Lowered.checked` names them), whether all its values are finite.
     """
     check_lowerable(gm)
     constants = {}
@@ -74,6 +119,13 @@ def lower(gm: fx.GraphModule):
             value = operator.attrgetter(node.target)(gm)
             constants[node.target] = tensor_to_jax(value) if isinstance(value, torch.Tensor) else value
     nodes = list(gm.graph.nodes)
+    scopes = {n: scope_name(n) for n in nodes if n.op == "call_function"}
+    checked = []
+    for i, node in enumerate(n for n in nodes if n.op == "placeholder"):
+        checked.append((node, f"input {i} of the step"))
+    for node in nodes:
+        if node.op == "call_function" and node.target is not operator.getitem:
+            checked.append((node, scopes[node]))
 
     def run(*inputs, key=None):
         env = {}
@@ -89,12 +141,26 @@ def lower(gm: fx.GraphModule):
                     kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
                     if node.target is operator.getitem:
                         env[node] = operator.getitem(*args)
-                    elif node.target in _WRITE_BACKS and node.args[0].op == "placeholder":
-                        env[node] = args[1]
-                    else:
-                        env[node] = _cast_like_meta(node, LOWERINGS[node.target](*args, **kwargs))
+                        continue
+                    with jax.named_scope(scopes[node]):
+                        if node.target in _WRITE_BACKS and node.args[0].op == "placeholder":
+                            env[node] = args[1]
+                        else:
+                            env[node] = _cast_like_meta(node, LOWERINGS[node.target](*args, **kwargs))
                 elif node.op == "output":
-                    return list(fx.node.map_arg(node.args[0], env.__getitem__))
+                    outs = list(fx.node.map_arg(node.args[0], env.__getitem__))
+                    if check_finite:
+                        outs.append(_finite_flags(checked, env))
+                    return outs
                 else:
                     raise NotImplementedError(f"FX node kind {node.op!r} is not supported")
-    return run
+    return Lowered(run, [where for _, where in checked] if check_finite else None)
+
+
+def _finite_flags(checked, env):
+    flags = []
+    for node, _ in checked:
+        values = [v for v in jax.tree_util.tree_leaves(env[node]) if hasattr(v, "dtype")]
+        parts = [f for f in map(_all_finite, values) if f is not None]
+        flags.append(jnp.all(jnp.stack(parts)) if parts else jnp.bool_(True))
+    return jnp.stack(flags) if flags else jnp.ones((0,), bool)

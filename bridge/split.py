@@ -156,7 +156,7 @@ def _is_float(val):
 
 
 def _inputs(node):
-    return [x for x in node.all_input_nodes]
+    return node.all_input_nodes
 
 
 def split_at_gradients(gm: fx.GraphModule, batch: Sequence[int], carried: Mapping[int, int],
@@ -218,19 +218,20 @@ def split_at_gradients(gm: fx.GraphModule, batch: Sequence[int], carried: Mappin
     index: dict = {}
 
     def cross(node, mode, carried_ph=None):
-        key = (node, mode)
+        """The crossing handing on `node` in `mode`: one per node and mode, except that
+        each carried placeholder has its own (two cells may take the same new value)."""
+        key = (node, mode, carried_ph)
         if key not in index:
             val = _val(node)
             index[key] = len(crossings)
-            crossings.append(Crossing(mode if isinstance(mode, str) else mode[0], tuple(val.shape) if val is not None else (),
-                                      val.dtype if val is not None else torch.float32,
-                                      carried_ph))
+            shape, dtype = (tuple(val.shape), val.dtype) if val is not None else ((), torch.float32)
+            crossings.append(Crossing(mode, shape, dtype, carried_ph))
             sources.append(node)
         return index[key]
 
     carry_index = {}   # placeholder -> its "carry" crossing
     for ph, value in carried_at.items():
-        carry_index[ph] = cross(value, ("carry", ph), placeholders.index(ph))
+        carry_index[ph] = cross(value, "carry", placeholders.index(ph))
     carry_of = {value: carry_index[ph] for ph, value in carried_at.items()}
 
     def per_micro(node):
@@ -261,9 +262,9 @@ def split_at_gradients(gm: fx.GraphModule, batch: Sequence[int], carried: Mappin
                 use_in_once[node] = cross(node, "mean")
             else:
                 raise MicroBatchError(
-                    f"with micro-batching, a non-float value ({val.dtype if val is not None else 'a tensor'}"
-                    f") computed per micro-batch is used after loss.backward() by {consumer.target}"
-                    f"{_source(node)}\nOnly float values can be combined across micro-batches "
+                    f"with micro-batching, a non-float value "
+                    f"({val.dtype if val is not None else 'a tensor'}) computed per micro-batch "
+                    f"is used after loss.backward() by {consumer.target}{_source(node)}\nOnly float values can be combined across micro-batches "
                     "(by their mean); compute it after backward() from values that do not "
                     "depend on the batch, or set "
                     "cstorch.backends.csx.performance.micro_batch_size = None")

@@ -2,7 +2,7 @@
 
 This module is a face: it re-exports the public names, which live in the modules below.
 """
-from cstorch import backends, distributed, optim, utils
+from cstorch import amp, backends, distributed, metrics, optim, utils
 from cstorch.backend import backend, current_backend, current_torch_device, use_cs
 from cstorch.compile import compile
 from cstorch.storage import load, save
@@ -33,4 +33,5 @@ __all__ = [
     "TracedStep", "JaxStep", "save", "load", "optim", "utils", "step_closure", "checkpoint_closure",
     "current_executor", "full", "full_like", "ones", "ones_like", "zeros", "zeros_like",
     "from_numpy", "to_numpy", "summarize_scalar", "summarize_tensor", "distributed",
+    "amp", "metrics",
 ]

@@ -87,6 +87,8 @@ class RunState:
         self.version = 0
         self.index: dict[int, int] = {}  # id(cell) -> its position in `cells`
         self._submodules: list = []
+        # Metrics a traced step used that no compiled module holds: state as metrics.<name>.
+        self.metrics: list = []
         self._watched: list[Entry] = []
         self._flags = (None, ())
         self.arrays_list: list = []
@@ -159,7 +161,32 @@ class RunState:
 
     def _modules(self):
         mods = self.backend.modules
-        return [("model" if i == 0 else f"model{i}", m) for i, m in enumerate(mods)]
+        named = [("model" if i == 0 else f"model{i}", m) for i, m in enumerate(mods)]
+        return named + self._metric_modules(mods)
+
+    def add_metric(self, metric):
+        """Make a `cstorch.metrics.Metric` that no compiled module holds state of the run,
+        its accumulators named ``metrics.<name>.<accumulator>``, from the next step on."""
+        if not any(m is metric for m in self.metrics):
+            self.metrics.append(metric)
+            self.dirty = True
+
+    def _metric_modules(self, compiled):
+        """(prefix, metric) of the registered metrics; one that a compiled module came to
+        hold is state of that module instead. Equal names are told apart by a suffix."""
+        from cstorch.metrics.metric import state_prefix
+        held = {id(sub) for m in compiled for sub in m.modules()} if self.metrics else ()
+        named, used = [], set()
+        for metric in self.metrics:
+            if id(metric) in held:
+                continue
+            prefix = base = state_prefix(metric.name)
+            k = 1
+            while prefix in used:
+                prefix, k = f"{base}_{k}", k + 1
+            used.add(prefix)
+            named.append((prefix, metric))
+        return named
 
     def _adopt(self, table, key, tensor):
         """The run's device tensor for what `table[key]` holds, uploading it if needed."""

@@ -8,6 +8,7 @@ thresholds are lowered to zero.
 """
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 
 import jax
@@ -22,6 +23,7 @@ class CompileStats:
     `cache_hits` were read from the persistent cache; `compiled` ran XLA's compiler."""
     requested: int = 0
     cache_hits: int = 0
+    seconds: float = 0.0   # spent in XLA compilation or reading the cache
 
     @property
     def compiled(self) -> int:
@@ -60,7 +62,9 @@ def counted():
     """Count one step compilation, and whether the persistent cache served it."""
     before = _hits_now[0]
     stats.requested += 1
+    start = time.perf_counter()
     try:
         yield
     finally:
+        stats.seconds += time.perf_counter() - start
         stats.cache_hits += min(1, _hits_now[0] - before)

@@ -64,7 +64,7 @@ def write_artifacts(traced, lowered, executable, artifact_dir: str, name: str):
     with open(path("jaxpr.txt"), "w") as f:
         f.write(str(traced.jaxpr))
     with open(path("stablehlo.mlir"), "w") as f:
-        f.write(lowered.as_text())
+        f.write(lowered.as_text(debug_info=True))   # locations name the model's lines
     if executable is None:   # lowered only: nothing compiled to analyse
         return
     with open(path("hlo.txt"), "w") as f:

@@ -128,19 +128,24 @@ class Performance(_FlagGroup):
 class Debug(_FlagGroup):
     """Debug flags.
 
-    - `retrace_every_iteration` (default False): capture the step again on every call.
+    - `retrace_every_iteration` (default False): capture the step again on every call,
+      and log what changed when its graph differs from the last one.
+    - `check_finite` (default False; every backend, not only CSX): after each step, raise
+      a `FloatingPointError` naming the first ATen op, with the line of model code that made
+      it, whose result has a NaN or Inf. Costs a check per op; for debugging.
     - `lazy_initialization` (default True): initialise weights lazily; stored only.
     - `debug_args`, `ini` (default None): cluster debugging options; stored only.
-    Setting a stored-only flag to other than its default warns that it has no effect.
     - `act_memory_gi` (default None): the activation memory budget per device, in GiB (a
       fraction is accepted), that `micro_batch_size="auto"` fits XLA's scratch memory into;
       without it "auto" fits the whole step into the device's memory.
     - `compile_crd_memory_gi`, `execute_crd_memory_gi`, `wrk_memory_gi`, `cmd_memory_gi`,
       `wgt_memory_gi` (default None): memory limits of the cluster's other roles in GiB;
       stored only, as there is no cluster here.
+    Setting a stored-only flag to other than its default warns that it has no effect.
     """
     _flags = {
         "retrace_every_iteration": (False, _bool),
+        "check_finite": (False, _bool),
         "lazy_initialization": (True, _bool),
         "debug_args": (None, None),
         "ini": (None, None),

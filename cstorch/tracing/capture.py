@@ -13,6 +13,7 @@ import contextvars
 import logging
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,6 +27,8 @@ import wafer
 from bridge.capture import with_user_line
 from bridge.device_tensor import DeviceTensor, GradSource
 from bridge.precision import matmul_policy
+from cstorch.backends import csx
+from cstorch.metrics.metric import Metric
 from cstorch.optim.optimizer import Optimizer
 from cstorch.tracing import micro_batch
 from cstorch.tracing.arguments import Call, Results
@@ -87,6 +90,7 @@ class Program:
     grad_layout: Any = None   # gradients returned packed: see _grad_layout
     micro_batch_size: int | None = None   # None: the batch runs whole
     explored: Any = None      # micro_batch.ExploreResult of an "explore" program, which trains nothing
+    finite_check: Any = None  # what each flag of the last output covers (debug.check_finite)
 
 
 class UnregisteredModule(Exception):
@@ -316,6 +320,11 @@ def capture_program(step_fn, backend, call: Call, name: str) -> Program:
                 backend, call, name, lambda micro: _capture(step_fn, backend, call, name, micro))
         except UnregisteredModule as e:
             module = e.module
+            if isinstance(module, Metric):
+                # Metrics are meant to be called in steps without being compiled.
+                backend.state.add_metric(module)
+                backend.state.refresh()
+                continue
             print(f"cstorch: {type(module).__name__} used in {name} was not passed to "
                   f"cstorch.compile; its parameters and buffers are now state of the run as "
                   f"model{len(backend.modules)}", file=sys.stderr)
@@ -393,8 +402,13 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
     finally:
         hook.remove()
     _write_graph(graph, backend.artifact_dir, name)
+    check_finite = csx.debug.check_finite
+    if check_finite and micro is not None:
+        warnings.warn("cstorch.backends.csx.debug.check_finite does not cover micro-batched "
+                      "steps; set micro_batch_size=None to find where a NaN or Inf starts",
+                      stacklevel=2)
     if micro is None:
-        lowered = bridge.lower(graph)
+        lowered = bridge.lower(graph, check_finite=check_finite)
     else:
         lowered = micro.lower(graph, n, len(shapes) - len(tensors), backend.mesh)
         info["shapes"] = micro.output_shapes(info["shapes"], n + len(info["grad_out"]))
@@ -427,7 +441,8 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
     return Program(graph, jax_fn, compiled, list(state.names), grad_in, grad_out, grad_rule,
                    hyper, info["results"], info["dtypes"], info["shapes"], ctx.closures,
                    uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=layout,
-                   grad_source=GradSource())
+                   grad_source=GradSource(),
+                   finite_check=getattr(lowered, "checked", None) if check_finite else None)
 
 
 def _write_graph(graph, artifact_dir, name):

@@ -30,7 +30,7 @@ from cstorch.backends import csx
 
 log = logging.getLogger("cstorch")
 _FLAG = "cstorch.backends.csx.performance.micro_batch_size"
-_TIMED_RUNS = 3
+_TIMED_RUNS = 5
 
 
 def _hashable(value):
@@ -239,20 +239,39 @@ def _auto(backend, call, name, capture_one):
                  "the batch" if batch is None else f"the batch of {batch}",
                  _size(used), _size(limit))
         return whole
+    from cstorch.tracing.capture import UnregisteredModule
     sizes = wafer.micro_batch.divisors(batch)[:-1]
-    tried = {batch: used}
+    tried, programs = {batch: used}, {}
     best, lo, hi = None, 0, len(sizes) - 1
-    while lo <= hi:   # the largest size that fits; memory grows with the size
-        mid = (lo + hi) // 2
-        program = _with_size(backend, call, name, capture_one, sizes[mid])
-        tried[sizes[mid]] = u = _used(program, what)
-        if u is None or u <= limit:
-            best, lo = program, mid + 1
+    try:
+        while lo <= hi:   # the largest size that fits; memory grows with the size
+            mid = (lo + hi) // 2
+            programs[sizes[mid]] = program = _with_size(backend, call, name, capture_one,
+                                                        sizes[mid])
+            tried[sizes[mid]] = u = _used(program, what)
+            if u is None or u <= limit:
+                best, lo = program, mid + 1
+            else:
+                hi = mid - 1
+        if best is None and sizes:
+            best = programs.get(sizes[0]) or _with_size(backend, call, name, capture_one, sizes[0])
+            tried[sizes[0]] = _used(best, what)
+            best_fits = False
         else:
-            hi = mid - 1
+            best_fits = True
+    except UnregisteredModule:
+        raise
+    except Exception as e:   # a step that cannot be micro-batched still runs, whole
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(f"cstorch: micro_batch_size 'auto' for {name}: the whole batch of {batch} needs "
+              f"{_size(used)} of {_size(limit)} per device ({source}), but the step cannot be "
+              f"micro-batched ({first}); it runs whole", file=sys.stderr)
+        _write_artifacts(backend, whole, name)
+        return whole
+    if best is None:   # a batch of one: nothing smaller to try
+        return whole
     measured = ", ".join(f"{size}: {_size(u)}" for size, u in sorted(tried.items(), reverse=True))
-    if best is None:
-        best = _with_size(backend, call, name, capture_one, sizes[0])
+    if not best_fits:
         print(f"cstorch: micro_batch_size 'auto' for {name}: no micro-batch size fits "
               f"{_size(limit)} per device ({source}); using {sizes[0]}, the smallest "
               f"(measured per size: {measured})", file=sys.stderr)
@@ -261,7 +280,16 @@ def _auto(backend, call, name, capture_one):
               f"(batch {batch}, {batch // best.micro_batch_size} micro-batches), the largest "
               f"size that fits {_size(limit)} per device ({source}); measured per size: "
               f"{measured}", file=sys.stderr)
+        _write_artifacts(backend, best, name)
     return best
+
+
+def _write_artifacts(backend, program, name):
+    """The chosen program's artifacts, where a later candidate's were written over them."""
+    compiled = program.compiled
+    if backend.artifact_dir and compiled.executable is not None:
+        wafer.write_artifacts(compiled.traced, compiled.lowered, compiled.executable,
+                              backend.artifact_dir, name)
 
 
 def _size(n):
@@ -293,8 +321,9 @@ class ExploreResult:
     best: int
 
     def table(self) -> str:
-        lines = [f"{'micro_batch_size':>16} {'micro-batches':>13} {'compile s':>9} "
-                 f"{'step ms':>9} {'peak MiB/device':>15}"]
+        header = (f"{'micro_batch_size':>16} {'micro-batches':>13} {'compile s':>9} "
+                  f"{'step ms':>9} {'peak MiB/device':>15}")
+        lines = [header]
         for r in self.rows:
             step = "-" if r.step_s is None else f"{r.step_s * 1e3:.2f}"
             peak = "-" if r.peak_bytes is None else f"{r.peak_bytes / 2 ** 20:.2f}"
@@ -308,6 +337,7 @@ class ExploreResult:
 def _explore(backend, call, name, capture_one, lo, hi):
     """Compile and time every candidate size on copies of the state, print the table,
     and return a program that runs the best size without training."""
+    from cstorch.tracing.capture import UnregisteredModule
     batch = batch_size(call)
     if batch is None:
         raise ValueError(f"{_FLAG} 'explore' needs a batch to cut, but {name} takes no tensor "
@@ -326,6 +356,8 @@ def _explore(backend, call, name, capture_one, lo, hi):
         start = time.perf_counter()
         try:
             program = _with_size(backend, call, name, capture_one, size)
+        except UnregisteredModule:
+            raise   # registered by the caller, then explored again
         except Exception as e:   # a size the model cannot take (BatchNorm on one sample)
             failure = e
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -344,6 +376,7 @@ def _explore(backend, call, name, capture_one, lo, hi):
     best = (min(timed, key=lambda r: (r.step_s, -r.micro_batch_size)) if timed
             else max(fitting, key=lambda r: r.micro_batch_size)).micro_batch_size
     result = ExploreResult(name, batch, rows, best)
+    _write_artifacts(backend, programs[best], name)
     print(f"cstorch: micro_batch_size explore for {name} (batch {batch}, "
           f"{len(backend.devices)} device(s)); nothing is trained:\n{result.table()}\n"
           f"best: {best}; set {_FLAG} = {best} to train with it", flush=True)

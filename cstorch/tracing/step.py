@@ -9,6 +9,7 @@ at once: state, gradients and returned tensors stay on the device as `DeviceTens
 until something reads them.
 """
 import functools
+import logging
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -22,13 +23,16 @@ import wafer
 from bridge.convert import tensor_to_input, to_jax_dtype
 from bridge.device_tensor import Absent, DeviceTensor, unpack
 from cstorch.backend import current_backend_impl
+from cstorch.backends import csx
 from cstorch.optim.optimizer import group_writes
 from cstorch.tracing import micro_batch
 from cstorch.tracing.arguments import fingerprint, split_call
+from cstorch.tracing.changes import describe_graph_change, describe_key_change
 from cstorch.tracing.capture import Program, capture_program, capturing
 from cstorch.utils.data.executor import is_activation_step, is_checkpoint_step, note_step_output
 
 
+log = logging.getLogger("cstorch")
 _PLAIN = (bool, int, str, type(None))
 _noticed: set = set()
 
@@ -38,6 +42,20 @@ def _notice(message: str):
     if message not in _noticed:
         _noticed.add(message)
         print(f"cstorch: {message}", file=sys.stderr)
+
+
+def _report_non_finite(flags, program):
+    """debug.check_finite: name the first input or op (in execution order) whose values
+    were not all finite."""
+    flags = np.asarray(flags)
+    if flags.all():
+        return
+    where = program.finite_check[int(np.argmin(flags))]
+    raise FloatingPointError(
+        f"the step produced a NaN or Inf first at {where} (ATen op and the line of your code "
+        f"that made it; for a gradient op, the line of the forward op it differentiates). "
+        f"The step's results are in place; cstorch.backends.csx.debug.check_finite = False "
+        f"turns this check off")
 
 
 def _check_values(state):
@@ -63,6 +81,7 @@ class TracedStep:
         self._groups_cache = None
         self._last = None   # (key, programs) of the last call
         self._rng_placeholder = (None, None)     # (mesh, device array)
+        self.recaptures: list = []   # why each capture after the first happened
 
     @property
     def name(self):
@@ -74,7 +93,7 @@ class TracedStep:
         static, values = self._groups(backend)
         key = (call.key, state.version, tuple([m.training for m in state.modules()]),
                state.requires_grad_key(), static, micro_batch.key(backend, self.name),
-               backend.precision_level)
+               backend.precision_level, csx.debug.check_finite)
         return key, values
 
     def _groups(self, backend):
@@ -123,13 +142,36 @@ class TracedStep:
             if all(_has_grad(state, i) == present for i, present in program.grad_rule.items()):
                 self._last = (key, candidates)
                 return program, values
+        previous = self._last
         program = capture_program(self.step_fn, backend, call, self.name)
         self.captures += 1
         # Registering modules during capture changes the state layout: key by the result.
         key, values = self._key(backend, call)
-        self.programs.setdefault(key, []).append(program)
+        if backend.retrace_every_iteration:
+            self._log_graph_change(previous, program)
+            self.programs[key] = [program]   # one program per key: a long run keeps no history
+        else:
+            if previous is not None:
+                self._log_recapture(previous[0], key)
+            self.programs.setdefault(key, []).append(program)
         self._last = (key, self.programs[key])
         return program, values
+
+    def _log_recapture(self, old_key, new_key):
+        reasons = describe_key_change(old_key, new_key)
+        self.recaptures.append(reasons)
+        log.info("cstorch: %s captured again (program %d): %s", self.name, self.captures,
+                 "; ".join(reasons))
+
+    def _log_graph_change(self, previous, program):
+        if previous is None or not previous[1]:
+            return
+        old, new = previous[1][-1].graph.code, program.graph.code
+        if old != new:
+            lines = describe_graph_change(old, new)
+            self.recaptures.append(lines)
+            log.warning("cstorch: the graph of %s changed at capture %d:\n%s", self.name,
+                        self.captures, "\n".join(lines))
 
     def _hyper_array(self, program, values, backend):
         """The hyperparameter vector, on the device: uploaded only when a value changed."""
@@ -170,6 +212,9 @@ class TracedStep:
             _rng(backend) if program.uses_rng else self._no_rng(backend))
         state.arrays_list[:] = new_state
         backend.step_count += 1
+        if program.finite_check is not None:
+            outs = list(outs)
+            _report_non_finite(outs.pop(), program)
         if state.grads_from is not program or program.grads_bound != state.version:
             _bind_grads(state, program)
         program.grad_source.publish(grads)
@@ -312,8 +357,10 @@ class JaxStep:
         """(state, inputs, rng): the arguments that reproduce the step as it would run now."""
         return self.state, self.inputs, self.rng
 
-    def stablehlo(self) -> str:
-        return jax.jit(self.fn).lower(*self.args).as_text()
+    def stablehlo(self, debug_info: bool = True) -> str:
+        """The StableHLO text of the step. With `debug_info`, each op's location names the
+        ATen op and the line of model code it comes from."""
+        return jax.jit(self.fn).lower(*self.args).as_text(debug_info=debug_info)
 
     def jaxpr(self):
         return jax.make_jaxpr(self.fn)(*self.args)

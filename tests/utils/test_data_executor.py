@@ -129,6 +129,19 @@ def test_compile_and_validate_only_runs_take_one_step(mode, tmp_path):
     cstorch.backend("CPU")
 
 
+def test_exploring_micro_batch_sizes_takes_one_step(tmp_path):
+    cstorch.backend("CSX", artifact_dir=str(tmp_path))
+    flags = cstorch.backends.csx.performance
+    try:
+        flags.micro_batch_size = {"explore": {"min": 1, "max": 2}}
+        assert len(DataExecutor(_loader())) == 1
+        flags.micro_batch_size = 2
+        assert len(DataExecutor(_loader())) == 4
+    finally:
+        flags.reset()
+        cstorch.backend("CPU")
+
+
 def test_deprecated_arguments_warn_and_bad_writer_is_refused():
     cstorch.backend("CPU")
     with pytest.raises(TypeError, match="writer must be a cstorch.utils.tensorboard.SummaryWriter"):
@@ -212,3 +225,15 @@ def test_progress_bar_on_a_terminal_shows_steps_and_the_loss(monkeypatch):
     out = terminal.getvalue()
     assert "3/3" in out and "step" in out
     assert f"loss={losses[0]:.4g}" in out
+
+
+def test_an_executor_inside_another_hands_back_the_outer_one():
+    outer = DataExecutor(_loader(), num_steps=2)
+    seen = []
+    for _ in outer:
+        for _ in DataExecutor(_loader(), num_steps=1):
+            seen.append(cstorch.current_executor().num_steps)
+        seen.append(cstorch.current_executor() is outer)
+    assert seen == [1, True, 1, True]
+    with pytest.raises(RuntimeError, match="no DataExecutor"):
+        cstorch.current_executor()

@@ -30,8 +30,8 @@ class DataExecutor:
     """A single run of `num_steps` steps over `dataloader`.
 
     - `num_steps`: steps to run; without it, one pass (`len(dataloader)`), and a
-      dataloader without a length needs it. A compile-only or validate-only backend runs
-      exactly one step. When a pass ends before `num_steps`, the next pass begins.
+      dataloader without a length needs it. A compile-only or validate-only backend, or
+      one exploring micro-batch sizes (`micro_batch_size="explore"`), runs one step. When a pass ends before `num_steps`, the next pass begins.
     - `checkpoint_steps`: None (no checkpoints), an int ``n`` (every ``n``-th step and the
       last step), or a `Schedule` of zero-based step indices (a callable taking the
       zero-based index works too). `checkpoint_closure`s run on those steps.
@@ -86,8 +86,10 @@ class DataExecutor:
             self._use_cs_config(cs_config, backend, dataloader)
 
         params = backend.params if backend is not None else {}
-        if params.get("compile_only") or params.get("validate_only"):
-            mode = "compile_only" if params.get("compile_only") else "validate_only"
+        if params.get("compile_only") or params.get("validate_only") or _exploring(backend):
+            mode = ("compile_only" if params.get("compile_only") else
+                    "validate_only" if params.get("validate_only") else
+                    "exploring micro-batch sizes")
             if num_steps not in (None, 1):
                 warnings.warn(f"the backend is {mode}: the executor runs 1 step, not {num_steps}",
                               stacklevel=2)
@@ -191,7 +193,9 @@ class DataExecutor:
             raise RuntimeError("a DataExecutor can be iterated only once; create a new one for "
                                "another run")
         self._used = True
-        _current = self
+        # An executor run inside another's loop (an eval run between training steps)
+        # hands `current_executor()` back to the outer one when it ends.
+        outer, _current = _current, self
         progress = _Progress(self)
         self.profiler.on_start()
         try:
@@ -204,7 +208,7 @@ class DataExecutor:
         finally:
             self.profiler.on_stop()
             progress.close()
-            _current = None
+            _current = outer
 
 
 class _Progress:
@@ -229,6 +233,15 @@ class _Progress:
 
     def close(self):
         self.bar.close()
+
+
+def _exploring(backend) -> bool:
+    """Whether steps explore micro-batch sizes (and train nothing): one step tells all."""
+    if backend is None or not backend.is_csx:
+        return False
+    from cstorch.backends import csx
+    mbs = csx.performance.micro_batch_size
+    return mbs == "explore" or (isinstance(mbs, dict) and set(mbs) == {"explore"})
 
 
 def current_executor() -> DataExecutor:

@@ -1,0 +1,11 @@
+"""Mixed precision: the run's half dtype and floating point dtype."""
+from cstorch.amp.half_dtype import (enable_mixed_precision, get_floating_point_dtype,
+                                    get_floating_point_dtype_str, get_half_dtype,
+                                    get_half_dtype_str, is_cbfloat16_tensor, mixed_precision,
+                                    set_half_dtype)
+
+__all__ = [
+    "set_half_dtype", "get_half_dtype", "get_half_dtype_str", "enable_mixed_precision",
+    "mixed_precision", "get_floating_point_dtype", "get_floating_point_dtype_str",
+    "is_cbfloat16_tensor",
+]

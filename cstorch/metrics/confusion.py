@@ -1,0 +1,154 @@
+"""Metrics of a classifier's confusion matrix: F-beta, mean IoU, Dice, per-class accuracy.
+
+Each accumulates one `num_classes x num_classes` matrix (rows: labels, columns:
+predictions) and derives its value from it when computed. A class whose score is 0 / 0
+(it never occurs) is left out of the mean over classes, except in the F-beta score, where
+it scores 0 as scikit-learn's `zero_division=0` does.
+"""
+import torch
+
+from cstorch.metrics.metric import Metric, check_same_shape, safe_div, weights_like
+
+
+class _ConfusionMatrixMetric(Metric):
+    """A metric computed from the confusion matrix of every batch seen."""
+
+    def __init__(self, num_classes: int, name: str):
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"{type(self).__name__} needs num_classes, an int of at least 2; "
+                             f"got {num_classes!r}")
+        super().__init__(name)
+        self.num_classes = num_classes
+        self.register_state("confusion_matrix", (num_classes, num_classes))
+
+    def update(self, labels, predictions, weights=None):
+        """Fold one batch in: `labels` and `predictions` are class ids of the same shape,
+        `weights` (optional) broadcast to them. A position whose label or prediction is
+        outside ``[0, num_classes)`` (a padding id such as -100) is not counted; this
+        cannot be checked on the device, where the update runs without reading values."""
+        check_same_shape(labels, predictions, type(self).__name__)
+        n = self.num_classes
+        w = weights_like(weights, labels).reshape(-1)
+        labels = labels.reshape(-1).long()
+        predictions = predictions.reshape(-1).long()
+        valid = (labels >= 0) & (labels < n) & (predictions >= 0) & (predictions < n)
+        # A scatter rather than one-hot products: counts stay exact and no matmul precision
+        # policy of the backend applies to them.
+        index = torch.where(valid, labels * n + predictions, torch.zeros_like(labels))
+        w = torch.where(valid, w, torch.zeros_like(w))
+        counts = torch.zeros(n * n, dtype=torch.float32).index_add(0, index, w)
+        self.confusion_matrix.add_(counts.reshape(n, n))
+
+    def _counts(self):
+        """Per class: true positives, false positives, false negatives."""
+        cm = self.confusion_matrix
+        tp = torch.diagonal(cm)
+        return tp, cm.sum(0) - tp, cm.sum(1) - tp
+
+
+def _mean_over_present(scores, present):
+    """Mean of `scores` over the classes where `present`; 0 when none is."""
+    present = present.float()
+    return safe_div((scores * present).sum(), present.sum())
+
+
+class FBetaScoreMetric(_ConfusionMatrixMetric):
+    """The F-beta score, ``(1 + beta^2) * precision * recall / (beta^2 * precision +
+    recall)``, of every batch seen.
+
+    `average_type` "micro" pools the true positives, false positives and false negatives
+    of every class before scoring; "macro" scores each class and averages the scores
+    (a class with no true positive, predicted or labelled, scores 0). Classes in
+    `ignore_labels` are left out of both. Before any update the value is 0.
+
+    Args:
+        num_classes: the number of classes; labels and predictions are ids in
+            ``[0, num_classes)``.
+        beta: the weight of recall relative to precision (1: the F1 score).
+        average_type: "micro" or "macro".
+        ignore_labels: class ids left out of the score (a padding or "other" class).
+        name: the name the metric is logged and registered under.
+    """
+
+    def __init__(self, num_classes: int, beta: float = 1.0, average_type: str = "micro",
+                 ignore_labels=None, name: str = "fbeta_score"):
+        super().__init__(num_classes, name)
+        if not beta > 0:
+            raise ValueError(f"FBetaScoreMetric needs beta > 0, got {beta!r}")
+        if average_type not in ("micro", "macro"):
+            raise ValueError(f"FBetaScoreMetric's average_type must be 'micro' or 'macro', "
+                             f"got {average_type!r}")
+        self.beta = float(beta)
+        self.average_type = average_type
+        self.ignore_labels = list(ignore_labels or [])
+        self._kept = [c for c in range(num_classes) if c not in set(self.ignore_labels)]
+        if not self._kept:
+            raise ValueError(f"FBetaScoreMetric: ignore_labels {self.ignore_labels} leave none "
+                             f"of the {num_classes} classes to score")
+
+    def compute(self) -> torch.Tensor:
+        b2 = self.beta ** 2
+        kept = torch.tensor(self._kept)
+        tp, fp, fn = (c.index_select(0, kept) for c in self._counts())
+        if self.average_type == "micro":
+            tp, fp, fn = tp.sum(), fp.sum(), fn.sum()
+        precision, recall = safe_div(tp, tp + fp), safe_div(tp, tp + fn)
+        score = safe_div((1 + b2) * precision * recall, b2 * precision + recall)
+        return score.mean()
+
+
+class MeanIOUMetric(_ConfusionMatrixMetric):
+    """The mean over classes of the intersection over union, ``tp / (tp + fp + fn)``, of
+    every batch seen (segmentation masks or any class ids). Classes that never occur,
+    in labels or predictions, are left out of the mean; before any update it is 0.
+
+    Args:
+        num_classes: the number of classes.
+        name: the name the metric is logged and registered under.
+    """
+
+    def __init__(self, num_classes: int, name: str = "mean_iou"):
+        super().__init__(num_classes, name)
+
+    def compute(self) -> torch.Tensor:
+        tp, fp, fn = self._counts()
+        union = tp + fp + fn
+        return _mean_over_present(safe_div(tp, union), union > 0)
+
+
+class DiceCoefficientMetric(_ConfusionMatrixMetric):
+    """The mean over classes of the Dice coefficient, ``2 tp / (2 tp + fp + fn)``, of
+    every batch seen. Classes that never occur are left out of the mean; before any
+    update it is 0.
+
+    Args:
+        num_classes: the number of classes.
+        name: the name the metric is logged and registered under.
+    """
+
+    def __init__(self, num_classes: int, name: str = "dice_coefficient"):
+        super().__init__(num_classes, name)
+
+    def compute(self) -> torch.Tensor:
+        tp, fp, fn = self._counts()
+        total = 2 * tp + fp + fn
+        return _mean_over_present(safe_div(2 * tp, total), total > 0)
+
+
+class MeanPerClassAccuracyMetric(_ConfusionMatrixMetric):
+    """The mean over classes of each class's accuracy (its recall, ``tp / (tp + fn)``)
+    over every batch seen. Classes with no label are left out of the mean; before any
+    update it is 0.
+
+    Args:
+        num_classes: the number of classes.
+        name: the name the metric is logged and registered under.
+    """
+
+    def __init__(self, num_classes: int, name: str = "mean_per_class_accuracy"):
+        super().__init__(num_classes, name)
+
+    def compute(self) -> torch.Tensor:
+        tp, _, fn = self._counts()
+        support = tp + fn
+        return _mean_over_present(safe_div(tp, support), support > 0)
