@@ -135,11 +135,12 @@ def _bags_by_embedding(weight, tokens, offsets, mode):
     return out
 
 
-@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
-@pytest.mark.parametrize("layout", ["offsets", "2d", "last_offset", "padding", "freq"])
+# max mode refuses scale_grad_by_freq (in eager PyTorch too): that pair is not a case
+@pytest.mark.parametrize("mode, layout", [
+    (mode, layout) for mode in ("sum", "mean", "max")
+    for layout in ("offsets", "2d", "last_offset", "padding", "freq")
+    if (mode, layout) != ("max", "freq")])
 def test_embedding_bag_backward(mode, layout):
-    if layout == "freq" and mode == "max":
-        pytest.skip("max mode refuses scale_grad_by_freq")
     kwargs, reference = {"mode": mode}, None
     if layout == "2d":
         tokens, offsets = _TOKENS.view(3, 4), None

@@ -1,1 +1,0 @@
-"""The `cerebras` namespace: `cerebras.pytorch` is this project's `cstorch`."""
