@@ -10,6 +10,7 @@ import torch
 
 import wafer
 from cstorch.backends import csx
+from cstorch.lazy_init import Device
 from cstorch.state import RunState
 
 _PARAMS = {
@@ -52,6 +53,10 @@ class Backend:
       once a checkpoint has given every state tensor a value.
     - `compile_dir` (when given): the persistent cache of compiled steps.
     - `log_initialization`: a progress bar while `cstorch.compile` places the state.
+    `device` (printed as the type, "CSX", "CPU" or "GPU") is the context to build a model
+    in: on CSX with `cstorch.backends.csx.debug.lazy_initialization` (the default) tensors
+    created inside it hold no host data and are built on the devices by `cstorch.compile`;
+    on CPU and GPU they are created eagerly by PyTorch (`cstorch.lazy_init`).
     `mixed_precision`, `enable_distributed`, `dist_backend`, `init_method` and
     `sync_batchnorm` are validated and stored, and warn that they have no effect yet.
     """
@@ -97,6 +102,9 @@ class Backend:
             num_systems = getattr(values["cluster_config"], "num_csx", 1)
         self.mesh = wafer.make_mesh(self.devices, num_systems)
         self.state = RunState(self)
+        # `with backend.device:` builds a model; on CSX with lazy_initialization its
+        # tensors are created on the devices by cstorch.compile (cstorch/lazy_init.py).
+        self.device = Device(self)
         self.modules: list[torch.nn.Module] = []    # compiled modules, in compile order
         self.optimizers: list = []                  # cstorch optimizers, in creation order
         self.step_count = 0  # steps run by this backend, for per-step PRNG keys

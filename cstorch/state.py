@@ -15,7 +15,6 @@ is adopted: uploaded into a cell and replaced by a device tensor of it.
 """
 from dataclasses import dataclass
 
-import jax.numpy as jnp
 import torch
 
 import wafer
@@ -272,12 +271,14 @@ class RunState:
 
 
 def _to_device(tensor, sharding):
-    """A state tensor as a device array. A lazily created full tensor (`cstorch.zeros`,
-    ...) that was never materialised is built on the device, never on the host."""
-    from cstorch.storage.creation import DeferredFullTensor
-    if isinstance(tensor, DeferredFullTensor) and not tensor.is_materialized:
-        return jnp.full(tuple(tensor.shape), tensor.fill_value, to_jax_dtype(tensor.dtype),
-                        device=sharding)
+    """A state tensor as a device array. A lazily created tensor (`cstorch.zeros`, ..., or
+    one made inside `backend.device`, `cstorch.lazy_init`) is built on the device, never
+    on the host."""
+    from cstorch.storage.lazy import LazyTensor
+    if isinstance(tensor, LazyTensor):
+        value = tensor.device_value(sharding)
+        if value is not None:
+            return value
     if isinstance(tensor, DeviceTensor):
         tensor = tensor.host()
     return tensor_to_jax(tensor.detach(), sharding)

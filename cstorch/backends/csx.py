@@ -133,7 +133,10 @@ class Debug(_FlagGroup):
     - `check_finite` (default False; every backend, not only CSX): after each step, raise
       a `FloatingPointError` naming the first ATen op, with the line of model code that made
       it, whose result has a NaN or Inf. Costs a check per op; for debugging.
-    - `lazy_initialization` (default True): initialise weights lazily; stored only.
+    - `lazy_initialization` (default True): tensors created inside `with backend.device:`
+      on a CSX backend hold no host data; `cstorch.compile` builds them on the devices
+      (`cstorch.lazy_init`; random initialisation then draws from JAX's PRNG). False
+      creates them eagerly on the host, with eager PyTorch's values.
     - `debug_args`, `ini` (default None): cluster debugging options; stored only.
     - `act_memory_gi` (default None): the activation memory budget per device, in GiB (a
       fraction is accepted), that `micro_batch_size="auto"` fits XLA's scratch memory into;
@@ -153,7 +156,6 @@ class Debug(_FlagGroup):
            for role in ("compile_crd", "execute_crd", "wrk", "act", "cmd", "wgt")},
     }
     _inert = {
-        "lazy_initialization": "parameters are initialised on the host, then placed on the devices",
         "debug_args": "there is no cluster to pass them to",
         "ini": "there is no cluster to pass them to",
         **{f"{role}_memory_gi": "there is no cluster whose memory it limits"

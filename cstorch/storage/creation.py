@@ -1,7 +1,9 @@
 """`cstorch.full`, `zeros`, `ones` and their `_like` forms: tensors known by shape, dtype
 and one fill value, which take no memory until their data is needed."""
+import jax.numpy as jnp
 import torch
 
+from bridge import to_jax_dtype
 from cstorch.storage.lazy import LazyTensor
 
 
@@ -31,6 +33,11 @@ class DeferredFullTensor(LazyTensor):
 
     def _produce(self):
         return torch.full(tuple(self.shape), self.fill_value, dtype=self.dtype)
+
+    def device_value(self, sharding):
+        if self.is_materialized:  # possibly edited in place: its data is the value
+            return None
+        return jnp.full(tuple(self.shape), self.fill_value, to_jax_dtype(self.dtype), device=sharding)
 
     def _alias(self):
         return DeferredFullTensor(tuple(self.shape), self.dtype, self.fill_value)

@@ -57,6 +57,8 @@ class LazyTensor(torch.Tensor):
         return torch.Tensor._make_wrapper_subclass(
             cls, tuple(shape), dtype=dtype, device="cpu", requires_grad=False)
 
+    _handles_ops = False  # True where a subclass records ops instead of building its data
+
     def __init__(self, shape, dtype, keep=False):
         self._keep = keep
         self._value = None
@@ -90,6 +92,11 @@ class LazyTensor(torch.Tensor):
     def is_materialized(self) -> bool:
         return self._value is not None
 
+    def device_value(self, sharding):
+        """The value built directly on the devices, laid out by `sharding`, or None when
+        it can only be made on the host (then `cstorch.compile` uploads it)."""
+        return None
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -104,7 +111,7 @@ class LazyTensor(torch.Tensor):
                 return func(*args, **kwargs)
         keep = _mutates(func, kwargs)
         args, kwargs = pytree.tree_map_only(
-            LazyTensor, lambda t: t.materialize(keep=keep), (args, kwargs))
+            LazyTensor, lambda t: t._materialized_for(keep), (args, kwargs))
         return func(*args, **kwargs)
 
     @classmethod
@@ -114,8 +121,14 @@ class LazyTensor(torch.Tensor):
             return args[0]._alias()
         keep = func._schema.is_mutable if hasattr(func, "_schema") else False
         args, kwargs = pytree.tree_map_only(
-            LazyTensor, lambda t: t.materialize(keep=keep), (args, kwargs))
+            LazyTensor, lambda t: t._materialized_for(keep), (args, kwargs))
         return func(*args, **kwargs)
+
+    def _materialized_for(self, keep):
+        """What an op that also takes another lazy tensor gets for this one: its data, or
+        itself where its class handles ops on its own (a write into a built copy would be
+        lost)."""
+        return self if self._handles_ops else self.materialize(keep=keep)
 
     def __repr__(self, *, tensor_contents=None):
         return repr(self.materialize())

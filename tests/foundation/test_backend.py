@@ -103,8 +103,6 @@ def test_csx_flags_defaults_and_validation():
         csx.precision.optimization_level = 2
         csx.performance.micro_batch_size = {"explore": {"min": 2, "max": 8}}
         csx.performance.micro_batch_size = 16
-        with pytest.warns(UserWarning, match="lazy_initialization has no effect"):
-            csx.debug.lazy_initialization = False
         with pytest.warns(UserWarning, match="wrk_memory_gi has no effect"):
             csx.debug.wrk_memory_gi = 8
         with warnings.catch_warnings():
@@ -112,6 +110,7 @@ def test_csx_flags_defaults_and_validation():
             csx.performance.micro_batch_size = None
             csx.precision.optimization_level = 1
             csx.debug.retrace_every_iteration = True
+            csx.debug.lazy_initialization = False
         for bad in (3, -1, 1.0, True):
             with pytest.raises(ValueError, match=r"\[0, 3\)"):
                 csx.precision.optimization_level = bad
@@ -155,28 +154,58 @@ def test_compile_without_backend_creates_a_cpu_backend(monkeypatch):
     assert cstorch.use_cs()
 
 
-def test_csx_backend_runs_on_an_emulated_mesh():
-    import jax
-    b = cstorch.backend("CSX")
-    assert b.mesh.axis_names == ("systems", "rows", "cols")
-    assert b.mesh.devices.size == len(jax.devices())
+MESH_SCRIPT = r"""
+import json
+import jax
+import pytest
+import cerebras.pytorch as cstorch
+
+report = {"devices": len(jax.devices())}
+b = cstorch.backend("CSX")
+report["axes"] = list(b.mesh.axis_names)
+report["mesh"] = dict(b.mesh.shape)
+report["mesh_devices"] = int(b.mesh.devices.size)
+b = cstorch.backend("CSX", cluster_config=cstorch.utils.CSConfig(num_csx=2))
+report["two_systems"] = dict(b.mesh.shape)
+with pytest.raises(ValueError, match="cannot be split into 3 systems") as info:
+    cstorch.backend("CSX", cluster_config=cstorch.utils.CSConfig(num_csx=3))
+report["three_systems_error"] = str(info.value)
+print(json.dumps(report))
+"""
 
 
-def test_csconfig_splits_the_mesh_into_systems_and_validates():
-    import jax
+def test_csx_backend_lays_an_emulated_mesh_over_eight_devices():
+    # Mesh shapes only mean something over several devices; one device gives 1x1x1 for
+    # any layout. XLA_FLAGS must be set before JAX starts, hence the subprocess.
+    import json
+    import os
+    import subprocess
+    import sys
+    from tests.conftest import ROOT
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["devices"] == 8
+    assert report["axes"] == ["systems", "rows", "cols"]
+    assert report["mesh"] == {"systems": 1, "rows": 2, "cols": 4}
+    assert report["mesh_devices"] == 8
+    assert report["two_systems"] == {"systems": 2, "rows": 2, "cols": 2}
+    assert "8 devices" in report["three_systems_error"]
+
+
+def test_csconfig_validates():
     with pytest.warns(UserWarning, match="CSConfig job_labels has no effect here"):
         config = cstorch.utils.CSConfig(num_csx=1, job_labels=["team=ml"])
     assert config.max_wgt_servers == 24 and config.transfer_processes == 5
-    assert cstorch.backend("CSX", cluster_config=config).mesh.shape["systems"] == 1
     with pytest.raises(ValueError, match="num_csx"):
         cstorch.utils.CSConfig(num_csx=0)
     with pytest.raises(ValueError, match="precision_opt_level"):
         cstorch.utils.CSConfig(precision_opt_level=3)
     with pytest.raises(ValueError, match="key=value"):
         cstorch.utils.CSConfig(job_labels=["oops"])
-    if len(jax.devices()) == 1:
-        with pytest.raises(ValueError, match="cannot be split into 2 systems"):
-            cstorch.backend("CSX", cluster_config=cstorch.utils.CSConfig(num_csx=2))
 
 
 def test_csconfig_fields_and_defaults_are_the_references():
