@@ -128,7 +128,8 @@ def rows(steps=300, repeats=5):
 
 
 def table(steps=300, repeats=5):
-    lines = ["| MLP 3x64, batch 32, SGD momentum | ms/step (median) | spread (min-max) | speed vs hand-written jax.jit |",
+    lines = ["| MLP 3x64, batch 32, SGD momentum | ms/step (median) | spread (min-max) "
+             "| speed vs hand-written jax.jit |",
              "| --- | ---: | ---: | ---: |"]
     for name, med, lo, hi, ratio in rows(steps, repeats):
         lines.append(f"| {name} | {med:.3f} | {lo:.3f}-{hi:.3f} | {ratio:.2f}x |")

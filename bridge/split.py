@@ -264,7 +264,8 @@ def split_at_gradients(gm: fx.GraphModule, batch: Sequence[int], carried: Mappin
                 raise MicroBatchError(
                     f"with micro-batching, a non-float value "
                     f"({val.dtype if val is not None else 'a tensor'}) computed per micro-batch "
-                    f"is used after loss.backward() by {consumer.target}{_source(node)}\nOnly float values can be combined across micro-batches "
+                    f"is used after loss.backward() by {consumer.target}{_source(node)}\n"
+                    "Only float values can be combined across micro-batches "
                     "(by their mean); compute it after backward() from values that do not "
                     "depend on the batch, or set "
                     "cstorch.backends.csx.performance.micro_batch_size = None")

@@ -199,6 +199,13 @@ def threshold_backward(grad, x, threshold):
     return jnp.where(x <= threshold, 0, grad)
 
 
+# Both shrinks are flat on [-lambd, lambd] (the ends included, as ATen has it) and have
+# slope 1 outside.
+@lowering(aten.hardshrink_backward.default, aten.softshrink_backward.default)
+def shrink_backward(grad, x, lambd=0.5):
+    return jnp.where((x >= -lambd) & (x <= lambd), 0, grad)
+
+
 @lowering(aten.sigmoid_backward.default)
 def sigmoid_backward(grad, y):
     return grad * y * (1 - y)

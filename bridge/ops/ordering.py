@@ -39,13 +39,17 @@ def nanmedian(x):
 @lowering(aten.median.dim)
 def median_dim(x, dim=0, keepdim=False):
     v, i = _lower_median(x, canonical_dim(x, dim), False)
-    return (jnp.expand_dims(v, canonical_dim(x, dim)), jnp.expand_dims(i, canonical_dim(x, dim))) if keepdim and x.ndim else (v, i)
+    if keepdim and x.ndim:
+        return jnp.expand_dims(v, canonical_dim(x, dim)), jnp.expand_dims(i, canonical_dim(x, dim))
+    return v, i
 
 
 @lowering(aten.nanmedian.dim)
 def nanmedian_dim(x, dim=0, keepdim=False):
     v, i = _lower_median(x, canonical_dim(x, dim), True)
-    return (jnp.expand_dims(v, canonical_dim(x, dim)), jnp.expand_dims(i, canonical_dim(x, dim))) if keepdim and x.ndim else (v, i)
+    if keepdim and x.ndim:
+        return jnp.expand_dims(v, canonical_dim(x, dim)), jnp.expand_dims(i, canonical_dim(x, dim))
+    return v, i
 
 
 @lowering(aten.kthvalue.default)
@@ -88,6 +92,8 @@ def searchsorted(seq, x, out_int32=False, right=False, side=None, sorter=None):
         seq = jnp.take_along_axis(seq, sorter, axis=-1)
     if seq.ndim == 1:
         return jnp.searchsorted(seq, x, side=side)
+    if seq.shape[-1] == 0 or x.size == 0:  # nothing to search, or nothing to place
+        return jnp.zeros(x.shape, jnp.int32)
     flat_s = seq.reshape(-1, seq.shape[-1])
     flat_x = x.reshape(flat_s.shape[0], -1)
     out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(flat_s, flat_x)

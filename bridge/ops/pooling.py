@@ -80,14 +80,19 @@ def max_pool3d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1
 
 
 def _max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices, nd):
-    # Route each output gradient to the input position its index names, as PyTorch does.
-    lead = x.shape[:x.ndim - nd]
+    return _route_to_indices(grad, x, indices, nd)
+
+
+def _route_to_indices(grad, x, indices, nd):
+    """Each output gradient added at the input position its index names (a flat position
+    within its `nd`-dimensional plane), as PyTorch's max-pooling backwards do."""
+    # sizes spelled out, not -1: a reshape cannot infer a dim next to a zero-size one
+    planes = int(np.prod(x.shape[:x.ndim - nd]))
     spatial = int(np.prod(x.shape[x.ndim - nd:]))
-    g = grad.reshape(lead + (-1,))
-    idx = indices.reshape(lead + (-1,)).astype(jnp.int32)
-    out = jnp.zeros(lead + (spatial,), grad.dtype)
-    out = jax.vmap(lambda o, i, v: o.at[i].add(v))(out.reshape(-1, spatial), idx.reshape(-1, idx.shape[-1]),
-                                                   g.reshape(-1, g.shape[-1]))
+    pooled = int(np.prod(grad.shape[grad.ndim - nd:]))
+    g = grad.reshape(planes, pooled)
+    idx = indices.reshape(planes, pooled).astype(jnp.int32)
+    out = jax.vmap(lambda o, i, v: o.at[i].add(v))(jnp.zeros((planes, spatial), grad.dtype), idx, g)
     return out.reshape(x.shape)
 
 
@@ -171,7 +176,9 @@ def _fractional_starts(sample, size, out, k):
     """ATen's pseudo-random window starts for one dim (Graham, fractional max-pooling)."""
     i = jnp.arange(out, dtype=sample.dtype)
     alpha = (size - k) / max(out - 1, 1)
-    starts = (jnp.floor((i + sample) * alpha) - jnp.floor(sample * alpha)).astype(jnp.int32)
+    # ATen casts to an integer, which truncates: a given sample outside [0, 1) differs
+    # from floor.
+    starts = (jnp.trunc((i + sample) * alpha) - jnp.trunc(sample * alpha)).astype(jnp.int32)
     return starts.at[-1].set(size - k)
 
 
@@ -220,6 +227,11 @@ def _fractional_max_pool(x, kernel_size, output_size, samples):
 @lowering(aten.fractional_max_pool2d.default, aten.fractional_max_pool3d.default)
 def fractional_max_pool(x, kernel_size, output_size, random_samples):
     return _fractional_max_pool(x, list(kernel_size), list(output_size), random_samples)
+
+
+@lowering(aten.fractional_max_pool2d_backward.default, aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool_backward(grad, x, kernel_size, output_size, indices):
+    return _route_to_indices(grad, x, indices, len(kernel_size))
 
 
 def _adaptive(x, output_size, reduce):
@@ -273,16 +285,16 @@ def adaptive_max_pool(x, output_size):
     return _adaptive_max(x, list(output_size))
 
 
-@lowering(aten.adaptive_max_pool2d_backward.default, aten.adaptive_max_pool3d_backward.default)
-def adaptive_max_pool_backward(grad, x, indices):
-    spatial_nd = 2 if x.shape[:-2] == grad.shape[:-2] else 3
-    lead = x.ndim - spatial_nd
-    flat = jnp.zeros(x.shape[:lead] + (int(np.prod(x.shape[lead:])),), grad.dtype)
-    g = grad.reshape(grad.shape[:lead] + (-1,))
-    i = indices.reshape(indices.shape[:lead] + (-1,))
-    out = jax.vmap(lambda f, ii, gg: f.at[ii].add(gg))(
-        flat.reshape(-1, flat.shape[-1]), i.reshape(-1, i.shape[-1]), g.reshape(-1, g.shape[-1]))
-    return out.reshape(x.shape)
+@lowering(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad, x, indices):
+    return _route_to_indices(grad, x, indices, 2)
+
+
+# Its own lowering: the number of pooled dims cannot be told from the shapes (a 3-d pool
+# whose output depth equals the input depth looks like a 2-d pool of a 4-d batch).
+@lowering(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad, x, indices):
+    return _route_to_indices(grad, x, indices, 3)
 
 
 @lowering(aten.adaptive_avg_pool1d.default)

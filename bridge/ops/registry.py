@@ -12,18 +12,43 @@ from torch._ops import OpOverload, OpOverloadPacket
 LOWERINGS: dict[OpOverload, Callable] = {}
 
 
+def _writes_out(op: OpOverload) -> bool:
+    """Whether `op` is an out= variant (`add.out`, `max_pool2d_with_indices_backward.grad_input`)."""
+    return any(a.is_out for a in op._schema.arguments)
+
+
+def _describe(fn) -> str:
+    code = getattr(fn, "__code__", None)
+    where = f" ({code.co_filename}:{code.co_firstlineno})" if code else ""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}{where}"
+
+
 def lowering(*ops):
     """Register the decorated function as the lowering of each overload in `ops`.
 
-    An `OpOverloadPacket` (``aten.add``) registers all of its overloads not yet taken.
+    An `OpOverloadPacket` (``aten.add``) stands for its overloads except the out= variants
+    (``add.out``): a lowering returns new arrays and cannot write into a caller's buffer,
+    and a captured graph is functional, so it never holds one; naming an out= overload
+    explicitly is refused. A second lowering for an overload is refused, naming both
+    functions: which one a graph would get must not depend on import order.
     """
     def register(fn):
         for op in ops:
             if isinstance(op, OpOverloadPacket):
-                for name in op.overloads():
-                    LOWERINGS.setdefault(getattr(op, name), fn)
+                overloads = [getattr(op, name) for name in op.overloads()]
+                overloads = [o for o in overloads if not _writes_out(o)]
+            elif _writes_out(op):
+                raise ValueError(
+                    f"{op} writes into an out= argument, which a lowering cannot serve; "
+                    f"register {_describe(fn)} for the functional overload instead")
             else:
-                LOWERINGS[op] = fn
+                overloads = [op]
+            for overload in overloads:
+                if overload in LOWERINGS:
+                    raise ValueError(
+                        f"{overload} already has a lowering, {_describe(LOWERINGS[overload])}; "
+                        f"refusing a second one, {_describe(fn)}")
+                LOWERINGS[overload] = fn
         return fn
     return register
 

@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from bridge.errors import DataDependentShapeError
 from bridge.ops.registry import canonical_dim, lowering
 
 aten = torch.ops.aten
@@ -243,6 +244,15 @@ def _pad(x, padding, mode):
     pads = [(0, 0)] * (x.ndim - nd)
     for i in reversed(range(nd)):
         pads.append((padding[2 * i], padding[2 * i + 1]))
+    if mode == "edge":
+        # Replication reads the input at the clamped position, so a negative pad that
+        # crops a whole side away still repeats the edge of what is left past it (crop
+        # first, then pad, would pad an empty axis).
+        for j, (lo, hi) in enumerate(pads):
+            if lo or hi:
+                idx = jnp.clip(jnp.arange(x.shape[j] + lo + hi) - lo, 0, x.shape[j] - 1)
+                x = jnp.take(x, idx, axis=j)
+        return x
     # negative padding crops
     crop = tuple(slice(max(-lo, 0), x.shape[j] - max(-hi, 0)) for j, (lo, hi) in enumerate(pads))
     x = x[crop]
@@ -262,3 +272,14 @@ for _n in (1, 2, 3):
             _, vjp = jax.vjp(lambda v: _pad(v, p, _mode), x)
             return vjp(grad)[0]
         lowering(getattr(aten, f"{_kind}_pad{_n}d_backward").default)(_bwd)
+
+
+@lowering(aten.repeat_interleave.Tensor)
+def repeat_interleave_indices(repeats, output_size=None):
+    """`repeat_interleave(repeats)`: index i repeated repeats[i] times. Its length is the
+    sum of `repeats`, a value, so only a call that states it (`output_size`) lowers."""
+    if output_size is None:
+        raise DataDependentShapeError(
+            "repeat_interleave with tensor repeats has a length that depends on their values; "
+            "pass output_size= to fix it")
+    return jnp.repeat(jnp.arange(repeats.shape[0]), repeats, total_repeat_length=output_size)

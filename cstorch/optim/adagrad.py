@@ -1,5 +1,4 @@
 """`cstorch.optim.Adagrad`: per-coordinate learning rates from accumulated squared gradients."""
-import torch
 
 from cstorch.optim import _update as U
 

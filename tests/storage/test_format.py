@@ -51,7 +51,8 @@ def test_layout(tmp_path, compress):
         assert inner == {"__TORCH__": True, "shapes": [[5, 6]], "dtypes": ["torch.float32"], "rtfx_dtypes": [11],
                          "__TYPE__": "TorchTensorSerializer", "__NUMPY__": True, "compressed": compress}
         assert "model.tied" not in f
-        assert _meta(f, "model.tied") == {"key": "model.w", "__LINKED__": True, "__TYPE__": "LinkedObject", "__NONE__": True}
+        assert _meta(f, "model.tied") == {"key": "model.w", "__LINKED__": True,
+                                          "__TYPE__": "LinkedObject", "__NONE__": True}
         bf = f["model.bf"]
         assert bf.dtype == np.int16 and _meta(f, "model.bf")["rtfx_dtypes"] == [15]
         assert np.array_equal(bf[()], state["model"]["bf"].view(torch.int16).numpy())

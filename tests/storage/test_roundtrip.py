@@ -166,7 +166,8 @@ def test_creation_ops():
     base = torch.randn(3, 2).to(torch.float16)
     for fn, val in [(cstorch.zeros_like, 0), (cstorch.ones_like, 1)]:
         t = fn(base)
-        assert t.shape == base.shape and t.dtype == torch.float16 and torch.equal(t, torch.full((3, 2), val, dtype=torch.float16))
+        assert t.shape == base.shape and t.dtype == torch.float16
+        assert torch.equal(t, torch.full((3, 2), val, dtype=torch.float16))
     t = cstorch.full_like(base, 2.0, dtype=torch.int32)
     assert t.dtype == torch.int32 and torch.equal(t, torch.full((3, 2), 2, dtype=torch.int32))
     # in-place edits stick once built
@@ -200,7 +201,8 @@ def test_creation_ops_save_as_tensors(tmp_path, compress):
     assert not state["z"].is_materialized  # written from the fill value, never built
     out = cstorch.load(tmp_path / "c.mdl", map_location="cpu")
     assert torch.equal(out["z"], torch.zeros(300, 40)) and torch.equal(out["f"], torch.full((2, 2), 7.5))
-    assert torch.equal(out["b"], torch.ones(5, dtype=torch.bfloat16)) and torch.equal(out["m"], torch.ones(3, dtype=torch.bool))
+    assert torch.equal(out["b"], torch.ones(5, dtype=torch.bfloat16))
+    assert torch.equal(out["m"], torch.ones(3, dtype=torch.bool))
     assert torch.equal(out["built"], torch.full((3,), 4.0))
 
 
@@ -234,7 +236,8 @@ def test_compressed_round_trip(tmp_path):
 
 def test_noncontiguous_grad_and_parameters(tmp_path):
     p = torch.nn.Parameter(torch.randn(3, 4))
-    state = {"p": p, "t": torch.randn(4, 3).t(), "neg": torch.randn(3)._neg_view() if hasattr(torch.Tensor, "_neg_view") else torch.randn(3)}
+    neg = torch.randn(3)._neg_view() if hasattr(torch.Tensor, "_neg_view") else torch.randn(3)
+    state = {"p": p, "t": torch.randn(4, 3).t(), "neg": neg}
     cstorch.save(state, tmp_path / "c.mdl")
     out = cstorch.load(tmp_path / "c.mdl", map_location="cpu")
     assert torch.equal(out["p"], p.detach()) and torch.equal(out["t"], state["t"])

@@ -31,7 +31,8 @@ class DataExecutor:
 
     - `num_steps`: steps to run; without it, one pass (`len(dataloader)`), and a
       dataloader without a length needs it. A compile-only or validate-only backend, or
-      one exploring micro-batch sizes (`micro_batch_size="explore"`), runs one step. When a pass ends before `num_steps`, the next pass begins.
+      one exploring micro-batch sizes (`micro_batch_size="explore"`), runs one step. When a
+      pass ends before `num_steps`, the next pass begins.
     - `checkpoint_steps`: None (no checkpoints), an int ``n`` (every ``n``-th step and the
       last step), or a `Schedule` of zero-based step indices (a callable taking the
       zero-based index works too). `checkpoint_closure`s run on those steps.

@@ -1,0 +1,1 @@
+"""Developer tools run from a checkout; not part of the installed packages."""
