@@ -289,12 +289,21 @@ def decompositions():
     """
     from torch._decomp import decomposition_table
     from bridge.ops import LOWERINGS
+    # Building the table takes about half of a small capture; it changes only when the
+    # set of lowerings does (the registry only adds, and refuses a second registration).
+    stamp = len(LOWERINGS)
+    if _decompositions[0] == stamp:
+        return _decompositions[1]
     table = core_aten_decompositions()
     for op, fn in decomposition_table.items():
         if (op not in table and op not in LOWERINGS and isinstance(op, torch._ops.OpOverload)
                 and "out" not in op._overloadname and not op.name().endswith("_")):
             table[op] = fn
+    _decompositions[:] = [stamp, table]
     return table
+
+
+_decompositions = [None, None]   # [len(LOWERINGS) it was built for, the table]
 
 
 def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],

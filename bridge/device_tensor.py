@@ -106,7 +106,48 @@ def _writes(func, i, name=None) -> bool:
     return arg is not None and arg.alias_info is not None and arg.alias_info.is_write
 
 
-class DeviceTensor(torch.Tensor):
+class HostReads:
+    """Python-side reads of a tensor subclass whose value is not in its own storage: each
+    goes through `host()`, an ordinary CPU tensor with the value (a copy the caller may
+    keep). Pickling (`torch.save`, `deepcopy` by default) gives that host tensor, so
+    `torch.load(weights_only=True)` reads it as an ordinary tensor."""
+
+    def host(self) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def item(self):
+        return self.host().item()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __bool__(self):
+        return bool(self.item())
+
+    def __index__(self):
+        return int(self.item())
+
+    def numpy(self, *, force=False):
+        return tensor_to_numpy(self.host())
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def tolist(self):
+        return self.host().tolist()
+
+    def __reduce_ex__(self, protocol):
+        value = self.host().requires_grad_(self.requires_grad)
+        if getattr(self, "_is_param", False):
+            value = torch.nn.Parameter(value, self.requires_grad)
+        return value.__reduce_ex__(protocol)
+
+
+class DeviceTensor(HostReads, torch.Tensor):
     """A torch tensor whose value is the JAX array in `cell`, seen through `view` (a chain
     of ATen view ops, empty for the whole value)."""
 
@@ -227,40 +268,10 @@ class DeviceTensor(torch.Tensor):
             return self.cell.array.item()
         return self.host_view().item()
 
-    def __float__(self):
-        return float(self.item())
-
-    def __int__(self):
-        return int(self.item())
-
-    def __bool__(self):
-        return bool(self.item())
-
-    def __index__(self):
-        return int(self.item())
-
-    def numpy(self, *, force=False):
-        return tensor_to_numpy(self.host())
-
-    def __array__(self, dtype=None, copy=None):
-        a = self.numpy()
-        return a if dtype is None else a.astype(dtype)
-
-    def tolist(self):
-        return self.host().tolist()
-
     def __repr__(self, *, tensor_contents=None):
         text = repr(self.host().requires_grad_(self.requires_grad) if self.requires_grad
                     else self.host())
         return f"Parameter containing:\n{text}" if getattr(self, "_is_param", False) else text
-
-    def __reduce_ex__(self, protocol):
-        # Pickled (torch.save) as the host tensor with the current value would be, so
-        # `torch.load(weights_only=True)` reads it as an ordinary tensor.
-        value = self.host().requires_grad_(self.requires_grad)
-        if getattr(self, "_is_param", False):
-            value = torch.nn.Parameter(value, self.requires_grad)
-        return value.__reduce_ex__(protocol)
 
     def __deepcopy__(self, memo):
         value = self.host()

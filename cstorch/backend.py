@@ -84,6 +84,12 @@ class Backend:
         if not isinstance(values.get("main_process_id", 0), int):
             raise TypeError(f"main_process_id must be an int, got {values['main_process_id']!r}")
         self.params = values
+        # Read on every step call: worked out once. `drops_data` says why state values are
+        # not put on the device ("compile_only", "validate_only": kept on the host;
+        # "drop_data": dropped); `executes` is False when steps are compiled but not run.
+        self.drops_data = next((m for m in ("validate_only", "compile_only", "drop_data")
+                                if values.get(m)), None)
+        self.executes = not (values.get("compile_only") or values.get("validate_only"))
         inert = [k for k in _NO_EFFECT_YET if k in params and params[k] != allowed[k]]
         if inert:
             warnings.warn(f"{self.backend_type} backend: {', '.join(inert)} "
@@ -120,20 +126,6 @@ class Backend:
                     "GPU backend requested but JAX sees no GPU; install jax with CUDA support "
                     "or use cstorch.backend(\"CPU\")") from None
         return jax.devices()
-
-    @property
-    def drops_data(self):
-        """Why state values are not put on the device, if they are not: "compile_only",
-        "validate_only" (values kept on the host), "drop_data" (values dropped); else None."""
-        for mode in ("validate_only", "compile_only", "drop_data"):
-            if self.params.get(mode):
-                return mode
-        return None
-
-    @property
-    def executes(self) -> bool:
-        """False for a compile_only or validate_only backend: steps are not run."""
-        return not (self.params.get("compile_only") or self.params.get("validate_only"))
 
     def layout_report(self, file=None, write: bool = True) -> list:
         """Where every state tensor lives on the mesh: its partition and the bytes each

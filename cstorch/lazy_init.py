@@ -51,6 +51,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import wafer
 from bridge import LOWERINGS, jax_to_tensor, to_jax_dtype, to_torch_dtype
 from bridge.convert import tensor_to_numpy
+from bridge.device_tensor import HostReads
 from bridge.device_tensor import Absent, DeviceTensor
 from bridge.ops.random import key_stream
 from cstorch.storage.lazy import LazyTensor
@@ -144,7 +145,7 @@ def _const(value) -> _Ref:
 
 
 # the tensor ------------------------------------------------------------------------
-class LazyInitTensor(LazyTensor):
+class LazyInitTensor(HostReads, LazyTensor):
     """A tensor created inside `backend.device` with lazy initialisation: its recipe,
     shape and dtype, no data. Built on the devices by `cstorch.compile`; reading it
     before builds it on the host (not kept). Aliases (`.data`, `detach()`, views such as
@@ -214,31 +215,12 @@ class LazyInitTensor(LazyTensor):
         # A shape or dtype change (module.to(dtype)) changes this tensor's own metadata.
         _rebind(self, value)
 
-    # host access without the dispatcher
-    def numpy(self, *, force=False):
-        return tensor_to_numpy(self.materialize())
-
-    def __array__(self, dtype=None, copy=None):
-        a = self.numpy()
-        return a if dtype is None else a.astype(dtype)
-
-    def tolist(self):
-        return self._host_view().tolist()
+    # host access without the dispatcher: bridge's HostReads reads through host()
+    def host(self) -> torch.Tensor:
+        return self.materialize()
 
     def item(self):
         return self._host_view().item()
-
-    def __float__(self):
-        return float(self.item())
-
-    def __int__(self):
-        return int(self.item())
-
-    def __bool__(self):
-        return bool(self.item())
-
-    def __index__(self):
-        return int(self.item())
 
     def __format__(self, spec):
         if self.dim() == 0:
@@ -249,13 +231,6 @@ class LazyInitTensor(LazyTensor):
         value = self._host_view()
         text = repr(value.detach().requires_grad_(True) if self.requires_grad else value)
         return f"Parameter containing:\n{text}" if getattr(self, "_is_param", False) else text
-
-    def __reduce_ex__(self, protocol):
-        # Pickled (torch.save) as the host tensor it stands for.
-        value = self.materialize().requires_grad_(self.requires_grad)
-        if getattr(self, "_is_param", False):
-            value = torch.nn.Parameter(value, self.requires_grad)
-        return value.__reduce_ex__(protocol)
 
     def __deepcopy__(self, memo):
         # Recipes are immutable: a copy shares the recipe, not the aliasing.

@@ -84,6 +84,7 @@ class RunState:
         self.dirty = False
         # Bumped whenever the set of cells or entries changes: programs are keyed by it.
         self.version = 0
+        self.complete_at = -1   # the version at which every cell was known to have a value
         self.index: dict[int, int] = {}  # id(cell) -> its position in `cells`
         self._submodules: list = []
         # Metrics a traced step used that no compiled module holds: state as metrics.<name>.

@@ -39,13 +39,20 @@ def _hashable(value):
     return value
 
 
+def _for_step(name: str):
+    """The flag as set for the step called `name` (a dict keyed by step names gives each
+    step its own value; steps it does not name get "auto", the default)."""
+    value = csx.performance.micro_batch_size
+    if isinstance(value, dict) and "explore" not in value:
+        value = value.get(name, "auto")
+    return value
+
+
 def key(backend, name: str):
     """What a step's program depends on through the flag (part of the program cache key)."""
     if not backend.is_csx:
         return None
-    value = csx.performance.micro_batch_size
-    if isinstance(value, dict) and "explore" not in value:
-        value = value.get(name, "auto")
+    value = _for_step(name)
     if value == "auto":
         return ("auto", csx.debug.act_memory_gi)
     return _hashable(value)
@@ -55,9 +62,7 @@ def setting(name: str):
     """The flag's value for the step called `name`: None, an int, "auto", or
     ("explore", min, max). A dict keyed by step names gives each step its own value;
     steps it does not name get "auto", the flag's default."""
-    value = csx.performance.micro_batch_size
-    if isinstance(value, dict) and "explore" not in value:
-        value = value.get(name, "auto")
+    value = _for_step(name)
     if value == "explore":
         return ("explore", None, None)
     if isinstance(value, dict):

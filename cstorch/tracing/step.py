@@ -67,6 +67,9 @@ def _check_values(state):
             f"tensors have no value: {shown}. Load a checkpoint with values for every state "
             f"tensor first, e.g. state = cstorch.load(path); model.load_state_dict(state['model']); "
             f"optimizer.load_state_dict(state['optimizer'])")
+    # Values are only ever added back (loads are kept): once complete, the same layout
+    # needs no second look.
+    state.complete_at = state.version
 
 
 class TracedStep:
@@ -203,7 +206,7 @@ class TracedStep:
         program, values = self._program(backend, call)
         if not backend.executes:
             return self._not_executed(program, backend)
-        if backend.drops_data == "drop_data":
+        if backend.drops_data == "drop_data" and state.complete_at != state.version:
             _check_values(state)
         grads_in = [_grad_param(state, i).grad_array() for i in program.grad_inputs]
         new_state, grads, outs = program.compiled(

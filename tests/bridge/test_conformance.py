@@ -3,8 +3,6 @@
 Every entry named here must be tried and pass: an entry that became excluded or
 unsupported fails the test rather than passing unseen.
 """
-import importlib
-
 import pytest
 import torch
 
@@ -40,17 +38,6 @@ FAST_BACKWARD = ["mul", "div.no_rounding_mode", "exp", "softmax", "sum", "matmul
 ENTRIES = conformance.op_entries(FAST)
 BY_NAME = {conformance.entry_name(op): op
            for op in conformance.op_entries([n for n, _ in FAST_DTYPES] + FAST_BACKWARD)}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_decomposition_table():
-    # bridge.capture rebuilds its decomposition table per capture (half of a sample's
-    # time); nothing registers lowerings while this module runs, so build it once.
-    capture_module = importlib.import_module("bridge.capture")
-    table = capture_module.decompositions()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(capture_module, "decompositions", lambda: table)
-        yield
 
 
 def test_fast_subsets_are_found():

@@ -8,8 +8,7 @@ import time
 
 import torch
 
-from tools.conformance.entries import (DTYPES, MODES, op_entries, reuse_decomposition_table,
-                                       run_numbered_task, run_task)
+from tools.conformance.entries import DTYPES, MODES, op_entries, run_numbered_task, run_task
 from tools.conformance.report import summary, write_report
 
 
@@ -50,13 +49,11 @@ def main(argv=None):
         if args.jobs > 1:
             # spawn: a forked child would inherit JAX's and torch's threads mid-flight.
             ctx = multiprocessing.get_context("spawn")
-            with ctx.Pool(args.jobs, initializer=reuse_decomposition_table,
-                          maxtasksperchild=50) as pool:
+            with ctx.Pool(args.jobs, maxtasksperchild=50) as pool:
                 for k, r in pool.imap_unordered(run_numbered_task, list(enumerate(tasks))):
                     show(k, r)
         else:
             torch.set_num_threads(1)
-            reuse_decomposition_table()
             for k, task in enumerate(tasks):
                 show(k, run_task(task))
     except KeyboardInterrupt:

@@ -103,20 +103,6 @@ def run_entry(op, dtype, max_samples=None, timeout=None, mode="forward") -> Entr
     return EntryResult(name, dname, mode, status, counts, total, detail)
 
 
-def reuse_decomposition_table():
-    """Build bridge.capture's decomposition table once for the whole run.
-
-    bridge.capture rebuilds it on every capture (about half of a sample's time here). The
-    table only changes when a lowering is registered, which a conformance run never does.
-    Only the command line does this: tests that import the harness share their process
-    with tests that may register lowerings.
-    """
-    import importlib
-    capture_module = importlib.import_module("bridge.capture")  # `bridge.capture` is the function
-    table = capture_module.decompositions()
-    capture_module.decompositions = lambda: table
-
-
 def run_task(task):
     """`run_entry` for (op_db index, dtype name, max_samples, timeout, mode), in a worker."""
     from torch.testing._internal.common_methods_invocations import op_db
