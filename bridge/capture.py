@@ -217,18 +217,30 @@ def _gradients_marked(roots):
             open_marks.pop().__exit__(None, None, None)
 
 
+# Key of `node.meta["custom"]` on forward ops: a dict of annotations that the ops
+# computing their gradients get in their own `custom` meta (a precision level for the
+# backward pass, say).
+BACKWARD_ANNOTATIONS = "bridge_backward_annotations"
+
+
 def _point_gradients_at_forward(gm: fx.GraphModule):
-    """Give every node a backward recorded for a forward op that op's stack trace; a
-    node whose forward op has none keeps its own (the `backward()` line), untagged."""
-    forward = {}
+    """Give every node a backward recorded for a forward op that op's stack trace and its
+    `BACKWARD_ANNOTATIONS`; a node whose forward op has no stack trace keeps its own (the
+    `backward()` line), untagged."""
+    forward, annotations = {}, {}
     for node in gm.graph.nodes:
-        seq = (node.meta.get("custom") or {}).get(GRADIENT_OF)
+        custom = node.meta.get("custom") or {}
+        seq = custom.get(GRADIENT_OF)
         if seq is None:
             if "seq_nr" in node.meta:
                 # The op that created autograd node `seq` comes first; ops after it that
                 # create none carry the same number.
                 forward.setdefault(node.meta["seq_nr"], node.meta.get("stack_trace"))
-        elif forward.get(seq):
+                annotations.setdefault(node.meta["seq_nr"], custom.get(BACKWARD_ANNOTATIONS))
+            continue
+        if annotations.get(seq):
+            node.meta["custom"] = {**custom, **annotations[seq]}
+        if forward.get(seq):
             node.meta["stack_trace"] = forward[seq]
         else:
             del node.meta["custom"][GRADIENT_OF]

@@ -106,6 +106,8 @@ def tensor_to_jax(t: torch.Tensor, sharding=None) -> jax.Array:
     host = _jax_numpy(t)
     if sharding is None:
         return jnp.asarray(host)
+    if not sharding.is_fully_addressable:
+        return put_global(host, sharding)
     # On the CPU, device_put may keep using the memory it is given (even with
     # may_alias=False when that memory belongs to a torch tensor): hand it a private copy,
     # so the array never follows later writes to `t`, nor a donated buffer writes into `t`.
@@ -133,7 +135,34 @@ def jax_to_tensor(a, dtype: torch.dtype | None = None) -> torch.Tensor:
     if isinstance(a, jax.Array) and a.dtype != ml_dtypes.bfloat16 and _on_one_cpu(a):
         t = torch.from_dlpack(a)
         return t if dtype is None or t.dtype == dtype else t.to(dtype)
+    if isinstance(a, jax.Array) and not a.is_fully_addressable:
+        return numpy_to_tensor(local_value(a), dtype)
     return numpy_to_tensor(np.asarray(a), dtype)
+
+
+def put_global(host: np.ndarray, sharding) -> jax.Array:
+    """An array laid out by a sharding that spans several processes (a multi-controller
+    run), built from this process's `host` value: each process fills only the shards its
+    own devices hold. Every process must pass the same value."""
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def local_value(a: jax.Array) -> np.ndarray:
+    """The whole value of an array that spans several processes, from the shards this
+    process holds. Arrays that are replicated across processes (state, the results of a
+    step) are whole on every process; one split across processes is refused, as reading
+    it would need every process to take part."""
+    out = np.empty(a.shape, a.dtype)
+    covered = np.zeros(a.shape, bool)
+    for shard in a.addressable_shards:
+        out[shard.index] = np.asarray(shard.data)
+        covered[shard.index] = True
+    if not covered.all():
+        raise RuntimeError(
+            f"an array of shape {tuple(a.shape)} is split across processes and this process "
+            f"holds only part of it, so it cannot be read here; return it from the step "
+            f"(results are replicated on every process) to read it")
+    return out
 
 
 def _on_one_cpu(a) -> bool:

@@ -3,6 +3,7 @@
 The graph is walked once per JAX trace: under `jax.jit` that happens at compile time, so
 no Python runs per op per step afterwards.
 """
+import contextlib
 import operator
 import os
 import re
@@ -17,10 +18,19 @@ from bridge.convert import tensor_to_jax, to_jax_dtype
 from bridge.errors import GRADIENT_OF, LoweringError
 from bridge.ops import LOWERINGS
 from bridge.ops.random import key_stream
+from bridge.precision import matmul_policy
 
 # A write-back of a mutated input left in a graph (bridge.capture removes its own): the
 # lowered function returns new values explicitly, so the write-back is the new value.
 _WRITE_BACKS = {torch.ops.aten.copy_.default}
+
+# Keys of `node.meta["custom"]` (set while tracing with `torch.fx.traceback.annotate`) that
+# shape how a node is lowered:
+# - NAME_SCOPE: a JAX scope path ("outer/inner") the op's own scope nests in;
+# - MATMUL_POLICY: the `bridge.precision.MatmulPolicy` (None: exact float32) this op's
+#   matmuls and convolutions use instead of the policy the whole graph is lowered under.
+NAME_SCOPE = "bridge_name_scope"
+MATMUL_POLICY = "bridge_matmul_policy"
 
 
 def source_of(node: fx.Node) -> str | None:
@@ -50,7 +60,9 @@ def scope_name(node: fx.Node) -> str:
         if isinstance(target, OpOverload) else getattr(target, "__name__", str(target))
     where = user_location(node)
     # '/' separates JAX scopes; a name keeps to one level.
-    return (f"{name} {where}" if where else name).replace("/", "|")
+    own = (f"{name} {where}" if where else name).replace("/", "|")
+    outer = (node.meta.get("custom") or {}).get(NAME_SCOPE)
+    return f"{outer}/{own}" if outer else own
 
 
 def missing_lowerings(gm: fx.GraphModule) -> list[fx.Node]:
@@ -108,7 +120,9 @@ def lower(gm: fx.GraphModule, check_finite: bool = False) -> Lowered:
     `key` is the PRNG key random ops draw from, or a function that makes it (called only
     if the graph has random ops); graphs without random ops ignore it.
     Tensors the graph holds as constants become constants of the JAX function.
-    Each op runs under a `jax.named_scope` of its ATen name and the user's ``file:line``.
+    Each op runs under a `jax.named_scope` of its ATen name and the user's ``file:line``,
+    nested in the node's `NAME_SCOPE` annotation if it has one; a node annotated with
+    `MATMUL_POLICY` lowers its products under that policy.
     With `check_finite`, one more output: a bool vector saying, per floating input and
     op result (`Lowered.checked` names them), whether all its values are finite.
     """
@@ -120,6 +134,8 @@ def lower(gm: fx.GraphModule, check_finite: bool = False) -> Lowered:
             constants[node.target] = tensor_to_jax(value) if isinstance(value, torch.Tensor) else value
     nodes = list(gm.graph.nodes)
     scopes = {n: scope_name(n) for n in nodes if n.op == "call_function"}
+    policies = {n: n.meta["custom"][MATMUL_POLICY] for n in scopes
+                if MATMUL_POLICY in (n.meta.get("custom") or {})}
     checked = []
     for i, node in enumerate(n for n in nodes if n.op == "placeholder"):
         checked.append((node, f"input {i} of the step"))
@@ -142,7 +158,9 @@ def lower(gm: fx.GraphModule, check_finite: bool = False) -> Lowered:
                     if node.target is operator.getitem:
                         env[node] = operator.getitem(*args)
                         continue
-                    with jax.named_scope(scopes[node]):
+                    policy = matmul_policy(policies[node]) if node in policies \
+                        else contextlib.nullcontext()
+                    with jax.named_scope(scopes[node]), policy:
                         if node.target in _WRITE_BACKS and node.args[0].op == "placeholder":
                             env[node] = args[1]
                         else:

@@ -3,8 +3,11 @@
 This module is a face: it re-exports the public names, which live in the modules below.
 """
 from cstorch import amp, backends, distributed, metrics, optim, utils
+from cstorch import cirh, core, experimental, lib, nn, profiler
 from cstorch.backend import backend, current_backend, current_torch_device, use_cs
 from cstorch.compile import compile
+from cstorch.core import (add_debug_name, current_pol, get_debug_name, make_constant, name_scope,
+                          pol)
 from cstorch.storage import load, save
 from cstorch.storage import full, full_like, ones, ones_like, zeros, zeros_like
 from cstorch.summaries import summarize_scalar, summarize_tensor
@@ -14,6 +17,10 @@ from cstorch.utils.numpy import from_numpy, to_numpy
 from cstorch.utils.step_closures import checkpoint_closure, step_closure
 
 __version__ = "0.1.0"
+
+# True only while documentation is generated (never here); Model Zoo checks it to swap in
+# stand-ins for classes that need a live cluster.
+_generating_docs = False
 
 
 def trace(step_fn):
@@ -33,5 +40,6 @@ __all__ = [
     "TracedStep", "JaxStep", "save", "load", "optim", "utils", "step_closure", "checkpoint_closure",
     "current_executor", "full", "full_like", "ones", "ones_like", "zeros", "zeros_like",
     "from_numpy", "to_numpy", "summarize_scalar", "summarize_tensor", "distributed",
-    "amp", "metrics",
+    "amp", "metrics", "cirh", "core", "experimental", "lib", "nn", "profiler",
+    "make_constant", "name_scope", "pol", "current_pol", "add_debug_name", "get_debug_name",
 ]

@@ -26,9 +26,8 @@ _PARAMS = {
 _BOOL_PARAMS = {"compile_only", "validate_only", "drop_data", "log_initialization",
                 "retrace_every_iteration", "enable_distributed", "sync_batchnorm"}
 
-# Accepted and stored, without effect yet: setting one to another value than its default warns.
-_NO_EFFECT_YET = ("mixed_precision", "enable_distributed", "dist_backend", "init_method",
-                  "sync_batchnorm")
+# GPU parameters that only a multi-process run reads: set without enable_distributed, warn.
+_DISTRIBUTED_ONLY = ("main_process_id", "dist_backend", "init_method", "sync_batchnorm")
 
 _current: Optional["Backend"] = None
 
@@ -57,8 +56,21 @@ class Backend:
     in: on CSX with `cstorch.backends.csx.debug.lazy_initialization` (the default) tensors
     created inside it hold no host data and are built on the devices by `cstorch.compile`;
     on CPU and GPU they are created eagerly by PyTorch (`cstorch.lazy_init`).
-    `mixed_precision`, `enable_distributed`, `dist_backend`, `init_method` and
-    `sync_batchnorm` are validated and stored, and warn that they have no effect yet.
+    On a CPU backend `mixed_precision=True` runs every compiled module's forward pass under
+    `cstorch.amp.autocast()` (bfloat16 on the CPU).
+    On a GPU backend `enable_distributed=True` makes a multi-process run, launched by
+    `torchrun` (`cstorch.distributed.process_group`): JAX's distributed runtime joins the
+    processes, the mesh spans every process's devices with the processes along its first
+    axis, each step's tensor arguments are this process's part of the global batch (split
+    along the first dimension, 0-d tensors equal on every process), parameters are kept
+    replicated and gradients all-reduced by XLA. A step computes over the global batch and
+    its returned tensors are whole on every process. `dist_backend` picks the devices and
+    collectives: "nccl" for GPUs, "gloo" for CPU devices (such a run needs no GPU).
+    `init_method` is the rendezvous of `torch.distributed.init_process_group` (default
+    "env://"). `sync_batchnorm=True` computes batch-norm statistics over the global batch;
+    by default each process's shard is normalised by its own statistics, and running
+    statistics follow process 0's shard, as under DistributedDataParallel. Only the
+    process `main_process_id` writes checkpoints, summaries and artifacts.
     """
 
     def __init__(self, backend_type: str, **params):
@@ -90,11 +102,16 @@ class Backend:
         self.drops_data = next((m for m in ("validate_only", "compile_only", "drop_data")
                                 if values.get(m)), None)
         self.executes = not (values.get("compile_only") or values.get("validate_only"))
-        inert = [k for k in _NO_EFFECT_YET if k in params and params[k] != allowed[k]]
-        if inert:
+        inert = [k for k in _DISTRIBUTED_ONLY if k in params and params[k] != allowed[k]]
+        if inert and not values.get("enable_distributed"):
             warnings.warn(f"{self.backend_type} backend: {', '.join(inert)} "
-                          f"{'has' if len(inert) == 1 else 'have'} no effect yet (stored only)",
-                          stacklevel=3)
+                          f"{'has' if len(inert) == 1 else 'have'} no effect without "
+                          f"enable_distributed=True", stacklevel=3)
+        self.process_group = None
+        if values.get("enable_distributed"):
+            from cstorch.distributed import process_group
+            self.process_group = process_group.initialize(
+                values["dist_backend"], values["init_method"], values["main_process_id"])
         self.artifact_dir = values["artifact_dir"] or os.path.join(os.getcwd(), "cerebras_logs")
         self.max_checkpoints = mc
         if self.backend_type == "CSX" and "compile_dir" in params:
@@ -106,6 +123,10 @@ class Backend:
         num_systems = 1
         if values.get("cluster_config") is not None:
             num_systems = getattr(values["cluster_config"], "num_csx", 1)
+        if self.process_group is not None:
+            # Data parallel between processes as between systems: state is replicated
+            # along the first mesh axis and the batch split over it.
+            num_systems = self.process_group.world_size
         self.mesh = wafer.make_mesh(self.devices, num_systems)
         self.state = RunState(self)
         # `with backend.device:` builds a model; on CSX with lazy_initialization its
@@ -116,6 +137,9 @@ class Backend:
         self.step_count = 0  # steps run by this backend, for per-step PRNG keys
 
     def _devices(self):
+        if self.process_group is not None:
+            from cstorch.distributed import process_group
+            return process_group.devices(self.process_group)
         if self.backend_type == "CPU":
             return jax.devices("cpu")[:1]
         if self.backend_type == "GPU":
@@ -137,7 +161,7 @@ class Backend:
         text = wafer.format_layout(rows, self.mesh)
         if file is not False:
             print(text, file=file if file is not None else sys.stdout)
-        if write:
+        if write and self.is_main_process:
             os.makedirs(self.artifact_dir, exist_ok=True)
             with open(os.path.join(self.artifact_dir, "layout.txt"), "w") as f:
                 f.write(text + "\n")
@@ -160,6 +184,31 @@ class Backend:
             return None
         from bridge.precision import MatmulPolicy
         return MatmulPolicy(**wafer.matmul_dtypes(level))
+
+    @property
+    def distributed(self) -> bool:
+        """Whether this is a multi-process run (GPU backend with enable_distributed)."""
+        return self.process_group is not None
+
+    @property
+    def process_count(self) -> int:
+        return self.process_group.world_size if self.process_group is not None else 1
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this process writes the run's files: always, except in a multi-process
+        run, where only the process `main_process_id` does."""
+        return self.process_group is None or self.process_group.is_main
+
+    @property
+    def artifacts_dir(self) -> Optional[str]:
+        """Where this process writes artifacts: `artifact_dir`, or None on a process of a
+        multi-process run that is not the main one."""
+        return self.artifact_dir if self.is_main_process else None
+
+    @property
+    def sync_batchnorm(self) -> bool:
+        return bool(self.params.get("sync_batchnorm"))
 
     @property
     def is_csx(self) -> bool:

@@ -21,6 +21,10 @@ class CompiledModule:
         object.__setattr__(self, "backend", backend)
 
     def __call__(self, *args, **kwargs):
+        if self.backend.params.get("mixed_precision"):
+            from cstorch.amp import autocast
+            with autocast():
+                return self.module(*args, **kwargs)
         return self.module(*args, **kwargs)
 
     def __getattr__(self, name):

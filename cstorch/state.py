@@ -15,6 +15,7 @@ is adopted: uploaded into a cell and replaced by a device tensor of it.
 """
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import wafer
@@ -89,6 +90,7 @@ class RunState:
         self._submodules: list = []
         # Metrics a traced step used that no compiled module holds: state as metrics.<name>.
         self.metrics: list = []
+        self.holders: list = []   # (prefix, module) of state outside models and metrics
         self._watched: list[Entry] = []
         self._flags = (None, ())
         self.arrays_list: list = []
@@ -138,6 +140,9 @@ class RunState:
         for opt in self.backend.optimizers:
             for name, table, key, tensor in opt.state_entries(replaced):
                 add(name, table, key, tensor)
+        if self.backend.distributed:
+            _take_main_process_values([device.cell for _, device in self._replaced.values()],
+                                      self.backend.process_group.is_main)
         self._replaced = {}
         self._progress = None
         changed = [id(c) for c in cells] != [id(c) for c in self.cells] or \
@@ -162,7 +167,19 @@ class RunState:
     def _modules(self):
         mods = self.backend.modules
         named = [("model" if i == 0 else f"model{i}", m) for i, m in enumerate(mods)]
-        return named + self._metric_modules(mods)
+        return named + self._metric_modules(mods) + self.holders
+
+    def add_holder(self, prefix: str, module: torch.nn.Module) -> str:
+        """Make the buffers of `module`, which belongs to no model (a grad scaler's
+        scale), state of the run, named ``<prefix>.<buffer>`` (a suffix tells equal
+        prefixes apart). Returns the prefix used."""
+        used = {p for p, _ in self.holders}
+        name, k = prefix, 1
+        while name in used:
+            name, k = f"{prefix}{k}", k + 1
+        self.holders.append((name, module))
+        self.refresh(initial=True)
+        return name
 
     def add_metric(self, metric):
         """Make a `cstorch.metrics.Metric` that no compiled module holds state of the run,
@@ -269,6 +286,21 @@ class RunState:
             if e.tensor.requires_grad:
                 flags[e.cell] = True
         return flags
+
+
+def _take_main_process_values(cells, is_main: bool):
+    """Make newly adopted state equal on every process of a multi-process run: the main
+    process's values win (as DistributedDataParallel broadcasts rank 0's module state), so
+    processes whose models were initialised differently cannot train apart."""
+    from jax.experimental import multihost_utils
+    from bridge.convert import local_value, put_global
+    cells = [c for c in cells if not isinstance(c.array, Absent)]
+    if not cells:
+        return
+    values = multihost_utils.broadcast_one_to_all([local_value(c.array) for c in cells],
+                                                  is_source=is_main)
+    for cell, value in zip(cells, values):
+        cell.array = put_global(np.asarray(value), cell.array.sharding)
 
 
 def _to_device(tensor, sharding):

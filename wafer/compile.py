@@ -29,13 +29,16 @@ class CompiledStep:
 
 
 def compile_step(fn: Callable, args, *, mesh, artifact_dir: str | None = None,
-                 name: str = "step", compile: bool = True) -> CompiledStep:
+                 name: str = "step", compile: bool = True,
+                 replicate_outputs: bool = False) -> CompiledStep:
     """Jit `fn` for `mesh` and compile it ahead of time, so later calls never retrace.
 
     `args` are example arguments ``(state, grads, hyper, inputs, rng)`` (arrays, or
     `jax.ShapeDtypeStruct`s with a sharding): state and gradients (lists) are laid over
     the grid (the old state donated), the hyperparameter vector and the PRNG pair
-    replicated, inputs split over the batch. One trace gives the jaxpr, the lowering and
+    replicated, inputs split over the batch. With `replicate_outputs` (a mesh that spans
+    processes) gradients and outputs are replicated, so every process holds all of both.
+    One trace gives the jaxpr, the lowering and
     the executable, and the artifacts written from them. Without `compile` the step is
     only lowered (no XLA compilation, no executable).
     """
@@ -43,9 +46,13 @@ def compile_step(fn: Callable, args, *, mesh, artifact_dir: str | None = None,
     state_sh = [state_sharding(mesh, tuple(a.shape)) for a in state]
     grad_sh = [state_sharding(mesh, tuple(a.shape)) for a in grads]
     input_sh = [batch_sharding(mesh, tuple(getattr(x, "shape", ()))) for x in inputs]
+    out_sh = None
+    if replicate_outputs:
+        out_sh = replicated(mesh)
+        grad_sh = [out_sh] * len(grads)   # gradients come back in as they went out
     jitted = jax.jit(fn, in_shardings=(state_sh, grad_sh, replicated(mesh), input_sh,
                                        replicated(mesh)),
-                     out_shardings=(state_sh, None, None), donate_argnums=(0,))
+                     out_shardings=(state_sh, out_sh, out_sh), donate_argnums=(0,))
     traced = jitted.trace(*args)
     lowered = traced.lower()
     executable = None

@@ -6,6 +6,7 @@ no storage. Every torch function or method that needs the data first materialise
 reach the dispatcher directly), so a lazy tensor can be used anywhere a tensor can.
 Metadata queries (shape, dtype, device, ...) never touch the data.
 """
+import os
 import threading
 
 import torch
@@ -144,6 +145,8 @@ class FileSource:
     def __init__(self, h5file, name):
         self._file = h5file
         self.name = name
+        filename = getattr(h5file, "filename", None)
+        self.path = filename if isinstance(filename, str) and os.path.isfile(filename) else None
         self._lock = threading.Lock()
 
     def read(self, key, dtype):
@@ -155,6 +158,13 @@ class FileSource:
                 return read_dataset(self._file[key], dtype)
             except Exception as e:
                 raise RuntimeError(f"cannot read tensor {key!r} from checkpoint {self.name}: {e}") from e
+
+    def attribute(self, key, name, default=None):
+        with self._lock:
+            try:
+                return self._file[key].attrs.get(name, default)
+            except Exception:
+                return default
 
     def close(self):
         with self._lock:
@@ -183,3 +193,18 @@ class FileTensor(LazyTensor):
 
     def _produce(self):
         return self._source.read(self._key, self.dtype)
+
+    @property
+    def key(self) -> str:
+        """The dataset this tensor is read from."""
+        return self._key
+
+    @property
+    def source_path(self):
+        """The path of the file this tensor is read from (None if it was not a file)."""
+        return self._source.path
+
+    def source_attribute(self, name, default=None):
+        """An HDF5 attribute of this tensor's dataset in its file (`default` if absent or
+        the file is closed)."""
+        return self._source.attribute(self._key, name, default)

@@ -1,6 +1,9 @@
 """One serializer per kind of leaf: what goes into `<key>.__metadata__` and the dataset,
 and how a leaf is rebuilt from them. Names follow the `__TYPE__` values of the format."""
+import contextlib
+import contextvars
 import json
+import os
 import pickle
 
 import h5py
@@ -13,6 +16,76 @@ from cstorch.storage.creation import DeferredFullTensor
 from cstorch.storage.dtypes import (RTFX_IDS, dtype_from_name, dtype_from_rtfx,
                                     read_dataset, storage_numpy_dtype, tensor_to_storage_array)
 from cstorch.storage.lazy import FileTensor, LazyTensor
+
+# Switches `cache_deferred_tensors` and `use_external_link` set (see there).
+_cache_deferred: contextvars.ContextVar = contextvars.ContextVar(
+    "cstorch_cache_deferred_tensors", default=None)
+_external_links: contextvars.ContextVar = contextvars.ContextVar(
+    "cstorch_use_external_link", default=False)
+
+
+@contextlib.contextmanager
+def cache_deferred_tensors(cache: bool = True):
+    """While inside, tensors `cstorch.load` returns unread (read from the file on use)
+    keep (`cache=True`) or drop (`cache=False`) their values after the first read.
+
+    By default a loaded tensor is read again on every use (`map_location=None`) or kept
+    after its first read (`map_location="cache"`); this overrides both for the loads made
+    inside. Comparing two large checkpoints tensor by tensor under
+    ``cache_deferred_tensors(False)`` holds one tensor in memory at a time.
+    """
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache_deferred_tensors expects a bool, got {cache!r}")
+    token = _cache_deferred.set(cache)
+    try:
+        yield
+    finally:
+        _cache_deferred.reset(token)
+
+
+@contextlib.contextmanager
+def use_external_link(enabled: bool = True):
+    """While inside (with `enabled`), `cstorch.save` writes a tensor that was loaded from
+    another checkpoint and not read or changed since as an HDF5 external link to its
+    dataset in that file, instead of copying its data. Re-saving a loaded checkpoint with
+    a few extra entries then takes no time and no space, and `cstorch.load` reads the
+    links transparently. The new file depends on the old one: moving or deleting the old
+    file breaks it (with `max_checkpoints`, mind the pruning).
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"use_external_link expects a bool, got {enabled!r}")
+    token = _external_links.set(enabled)
+    try:
+        yield
+    finally:
+        _external_links.reset(token)
+
+
+def _keeps(mode: str) -> bool:
+    """Whether lazily loaded tensors keep their value after the first read."""
+    cache = _cache_deferred.get()
+    return mode == "cache" if cache is None else cache
+
+
+def external_source(leaf):
+    """(file path, dataset key, compressed) of a tensor to save as an external link, or
+    None: only under `use_external_link`, for a loaded tensor not yet read whose file
+    still exists."""
+    if not _external_links.get() or not isinstance(leaf, FileTensor) or leaf.is_materialized:
+        return None
+    path = leaf.source_path
+    if not path or not os.path.isfile(path):
+        return None
+    compressed = leaf.source_attribute("compressed", False)
+    return os.path.abspath(path), leaf.key, bool(compressed)
+
+
+def write_external_tensor(f, key, tensor, path, source_key, compressed):
+    """Write `key` as a link to dataset `source_key` of file `path` (not opened here: the
+    process may hold that file open for reading)."""
+    f[key] = h5py.ExternalLink(path, source_key)
+    return tensor_inner(tensor, compressed)
+
 
 # HDF5 keeps attributes in the object header, which holds at most 64 KiB per message;
 # larger pickles go into the dataset body instead (our reader accepts both).
@@ -168,7 +241,7 @@ def read_leaf(f, source, key, inner, mode, allow_unsafe):
         dtype = _tensor_dtype(inner, ds)
         if mode == "eager":
             return read_dataset(ds, dtype)
-        return FileTensor(source, key, ds.shape, dtype, keep=(mode == "cache"))
+        return FileTensor(source, key, ds.shape, dtype, keep=_keeps(mode))
     if kind == "ScalarSerializer":
         return inner["scalar_value"]
     if kind == "StringSerializer":

@@ -10,8 +10,9 @@ from tqdm.auto import tqdm
 
 from cstorch.storage import retention
 from cstorch.storage.pytree import ensure_namedtuples_registered, leaf_keys, stars, dumps_json
-from cstorch.storage.serializers import (as_tensor, leaf_metadata, link_inner, prepare_tensor,
-                                         simple_inner, write_object, write_tensor)
+from cstorch.storage.serializers import (as_tensor, external_source, leaf_metadata, link_inner,
+                                         prepare_tensor, simple_inner, write_external_tensor,
+                                         write_object, write_tensor)
 
 FORMAT_VERSION = 0.5
 _PROGRESS_MIN_BYTES = 256 << 20
@@ -45,10 +46,18 @@ def save(obj, checkpoint_file):
     goes to a temporary file beside the target that is renamed over it only when
     complete, so an interrupted save never leaves a partial file under the final name.
     With `cstorch.backends.csx.performance.compress_weights`, tensors are LZ4-compressed.
+    Under `cstorch.storage.serializers.use_external_link()`, tensors loaded from another
+    checkpoint and not read since are written as links to it.
     When the backend sets `max_checkpoints`, older checkpoints written by this process
-    are deleted once this one is complete.
+    are deleted once this one is complete. In a multi-process run only the main process
+    writes; on the others this does nothing (every process can `cstorch.load` the file).
     """
     from cstorch import __version__
+    from cstorch.backend import current_backend_impl
+
+    backend = current_backend_impl()
+    if backend is not None and not backend.is_main_process:
+        return
 
     path = os.fspath(checkpoint_file)
     if not isinstance(path, str):
@@ -109,6 +118,9 @@ def _write_leaves(f, keys, leaves, compressed, workers):
         if tensor is not None:
             total += tensor.numel() * tensor.element_size()
         plan.append((key, leaf, tensor, None))
+    # Loaded, unread tensors written as links to their file (`use_external_link`).
+    external = {i: src for i, p in enumerate(plan) if p[2] is not None
+                for src in [external_source(p[1])] if src is not None}
 
     bar = _progress(total)
     # Host copies are made by worker threads (device transfers, lazy reads) while this
@@ -116,7 +128,7 @@ def _write_leaves(f, keys, leaves, compressed, workers):
     window = max(1, workers) * 2
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         pending = {}
-        tensor_items = [i for i, p in enumerate(plan) if p[2] is not None]
+        tensor_items = [i for i, p in enumerate(plan) if p[2] is not None and i not in external]
         next_submit = 0
 
         def fill():
@@ -131,6 +143,8 @@ def _write_leaves(f, keys, leaves, compressed, workers):
             for i, (key, leaf, tensor, link) in enumerate(plan):
                 if link is not None:
                     inner = link_inner(link)
+                elif i in external:
+                    inner = write_external_tensor(f, key, tensor, *external[i])
                 elif tensor is not None:
                     array = pending.pop(i).result()
                     fill()

@@ -28,6 +28,7 @@ from bridge.capture import with_user_line
 from bridge.device_tensor import DeviceTensor, GradSource
 from bridge.precision import matmul_policy
 from cstorch.backends import csx
+from cstorch.distributed.batch_norm import PerProcessBatchNorm
 from cstorch.metrics.metric import Metric
 from cstorch.optim.optimizer import Optimizer
 from cstorch.tracing import micro_batch
@@ -368,6 +369,8 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
             stack.enter_context(_track_zero_grad(leaves, entry_grads, cleared))
             if micro is not None:
                 stack.enter_context(micro.mark(leaves.values()))
+            if backend.distributed and not backend.sync_batchnorm:
+                stack.enter_context(PerProcessBatchNorm(backend.process_count))
             token = capturing.set(ctx)
             stack.callback(capturing.reset, token)
             result = step_fn(*args, **kwargs)
@@ -385,7 +388,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
     shapes = ([_Spec(tuple(c.array.shape), c.dtype) for c in cells]
               + [_Spec(tuple(cells[i].array.shape), cells[i].dtype) for i in grad_in]
               + [_Spec((), torch.float32)] * (2 * len(hyper))
-              + [_Spec(tuple(t.shape), t.dtype) for t in tensors])
+              + [_Spec(_global_shape(backend, t.shape), t.dtype) for t in tensors])
     if micro is not None:
         shapes = micro.capture_shapes(shapes, len(shapes) - len(tensors))
     requires_grad = needs_grad + [False] * (len(shapes) - n)
@@ -401,7 +404,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                                    user_fn=step_fn, library=_LIBRARY)
     finally:
         hook.remove()
-    _write_graph(graph, backend.artifact_dir, name)
+    _write_graph(graph, backend.artifacts_dir, name)
     check_finite = csx.debug.check_finite
     if check_finite and micro is not None:
         warnings.warn("cstorch.backends.csx.debug.check_finite does not cover micro-batched "
@@ -429,13 +432,15 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
             grads_out = _pack(grads_out, layout)
         return list(outs[:n]), grads_out, list(outs[n + len(grad_out):])
 
+    inputs = [bridge.tensor_to_input(t) for t in tensors]
+    if backend.distributed:
+        inputs = [jax.ShapeDtypeStruct(_global_shape(backend, x.shape), x.dtype) for x in inputs]
     compiled = wafer.compile_step(
         jax_fn, ([c.array for c in cells], [cells[i].array for i in grad_in],
-                 np.zeros(2 * n_hyper, np.float32), [bridge.tensor_to_input(t) for t in tensors],
-                 np.zeros(2, np.uint32)),
-        mesh=backend.mesh, artifact_dir=backend.artifact_dir, name=name,
-        compile=not backend.params.get("validate_only"))
-    if backend.artifact_dir:
+                 np.zeros(2 * n_hyper, np.float32), inputs, np.zeros(2, np.uint32)),
+        mesh=backend.mesh, artifact_dir=backend.artifacts_dir, name=name,
+        compile=not backend.params.get("validate_only"), replicate_outputs=backend.distributed)
+    if backend.artifacts_dir:
         backend.layout_report(file=False)
     grad_rule = {i: (i in grad_in) for i in params if i not in cleared}
     return Program(graph, jax_fn, compiled, list(state.names), grad_in, grad_out, grad_rule,
@@ -443,6 +448,15 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                    uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=layout,
                    grad_source=GradSource(),
                    finite_check=getattr(lowered, "checked", None) if check_finite else None)
+
+
+def _global_shape(backend, shape) -> tuple:
+    """The shape a step argument has in the program: in a multi-process run, the global
+    batch that this process's argument is a part of."""
+    if backend.distributed:
+        from cstorch.distributed.process_group import global_shape
+        return global_shape(tuple(shape), backend.process_count)
+    return tuple(shape)
 
 
 def _write_graph(graph, artifact_dir, name):

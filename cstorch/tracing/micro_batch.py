@@ -292,9 +292,9 @@ def _auto(backend, call, name, capture_one):
 def _write_artifacts(backend, program, name):
     """The chosen program's artifacts, where a later candidate's were written over them."""
     compiled = program.compiled
-    if backend.artifact_dir and compiled.executable is not None:
+    if backend.artifacts_dir and compiled.executable is not None:
         wafer.write_artifacts(compiled.traced, compiled.lowered, compiled.executable,
-                              backend.artifact_dir, name)
+                              backend.artifacts_dir, name)
 
 
 def _size(n):

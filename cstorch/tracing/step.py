@@ -20,10 +20,11 @@ import torch
 import torch.utils._pytree as pytree
 
 import wafer
-from bridge.convert import tensor_to_input, to_jax_dtype
+from bridge.convert import put_global, tensor_to_input, to_jax_dtype
 from bridge.device_tensor import Absent, DeviceTensor, unpack
 from cstorch.backend import current_backend_impl
 from cstorch.backends import csx
+from cstorch.distributed.process_group import global_inputs
 from cstorch.optim.optimizer import group_writes
 from cstorch.tracing import micro_batch
 from cstorch.tracing.arguments import fingerprint, split_call
@@ -35,6 +36,13 @@ from cstorch.utils.data.executor import is_activation_step, is_checkpoint_step, 
 log = logging.getLogger("cstorch")
 _PLAIN = (bool, int, str, type(None))
 _noticed: set = set()
+
+
+def put(host: np.ndarray, sharding):
+    """A host value as a device array laid out by `sharding` (which may span processes)."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(host, sharding)
+    return put_global(host, sharding)
 
 
 def _notice(message: str):
@@ -183,16 +191,21 @@ class TracedStep:
             return cached
         wanted = [v for v in values if v != 0]
         if mesh is not backend.mesh or [v for v in cached_values if v != 0] != wanted:
-            cached = jax.device_put(np.asarray(wanted + [1 - v for v in wanted], np.float32),
-                                    wafer.replicated(backend.mesh))
+            cached = put(np.asarray(wanted + [1 - v for v in wanted], np.float32),
+                         wafer.replicated(backend.mesh))
         self._hyper_cache = (backend.mesh, values, cached)
         return cached
+
+    @staticmethod
+    def _rng(backend):
+        pair = _rng(backend)
+        return put(pair, wafer.replicated(backend.mesh)) if backend.distributed else pair
 
     def _no_rng(self, backend):
         """A constant stand-in for programs that draw no random numbers."""
         mesh, placeholder = self._rng_placeholder
         if mesh is not backend.mesh:
-            placeholder = jax.device_put(np.zeros(2, np.uint32), wafer.replicated(backend.mesh))
+            placeholder = put(np.zeros(2, np.uint32), wafer.replicated(backend.mesh))
             self._rng_placeholder = (backend.mesh, placeholder)
         return placeholder
 
@@ -209,10 +222,13 @@ class TracedStep:
         if backend.drops_data == "drop_data" and state.complete_at != state.version:
             _check_values(state)
         grads_in = [_grad_param(state, i).grad_array() for i in program.grad_inputs]
+        inputs = [tensor_to_input(t) for t in call.tensors]
+        if backend.distributed:
+            inputs = global_inputs(inputs, program.compiled.input_shardings,
+                                   backend.process_count)
         new_state, grads, outs = program.compiled(
             state.arrays_list, grads_in, self._hyper_array(program, values, backend),
-            [tensor_to_input(t) for t in call.tensors],
-            _rng(backend) if program.uses_rng else self._no_rng(backend))
+            inputs, self._rng(backend) if program.uses_rng else self._no_rng(backend))
         state.arrays_list[:] = new_state
         backend.step_count += 1
         if program.finite_check is not None:

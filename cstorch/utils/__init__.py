@@ -1,9 +1,11 @@
 """`cerebras.pytorch.utils`."""
-from cstorch.utils import benchmark, data, profiler
+from cstorch.utils import (benchmark, call_once, data, kernel, nest, num_kv_groups, profiler,
+                           tracker, utils)
 from cstorch.utils.cs_config import CSConfig
 from cstorch.utils.step_closures import checkpoint_closure, step_closure
 
-__all__ = ["benchmark", "data", "profiler", "CSConfig", "step_closure", "checkpoint_closure"]
+__all__ = ["benchmark", "data", "profiler", "CSConfig", "step_closure", "checkpoint_closure",
+           "call_once", "kernel", "nest", "num_kv_groups", "tracker", "utils"]
 
 
 def __getattr__(name):

@@ -7,6 +7,20 @@ told when the run starts, after every step (with the step's batch) and when it e
 import time
 from typing import Any, Dict, List, Optional, Type
 
+# Objects told about every executor run (`cstorch.profiler.profile` while it is open):
+# each has on_run_start(), on_run_step(samples) and on_run_stop().
+_run_listeners: List[Any] = []
+
+
+def add_run_listener(listener) -> None:
+    """Tell `listener` about every executor run from now on."""
+    _run_listeners.append(listener)
+
+
+def remove_run_listener(listener) -> None:
+    if listener in _run_listeners:
+        _run_listeners.remove(listener)
+
 
 class Activity:
     """Something measured over a run. Subclasses override the hooks they need and are
@@ -105,14 +119,20 @@ class Profiler:
     def on_start(self):
         for a in self.activities.values():
             a.on_start()
+        for listener in list(_run_listeners):
+            listener.on_run_start()
 
     def on_step(self, batch, samples):
         for a in self.activities.values():
             a.on_step(batch, samples)
+        for listener in list(_run_listeners):
+            listener.on_run_step(samples)
 
     def on_stop(self):
         for a in self.activities.values():
             a.on_stop()
+        for listener in list(_run_listeners):
+            listener.on_run_stop()
 
     def summary(self) -> Dict[str, Dict[str, Any]]:
         return {name: a.summary() for name, a in self.activities.items()}

@@ -101,6 +101,25 @@ def _tensor_summary_metadata() -> summary_pb2.SummaryMetadata:
     )
 
 
+def _main_process() -> bool:
+    from cstorch.backend import current_backend_impl
+    backend = current_backend_impl()
+    return backend is None or backend.is_main_process
+
+
+class _NoEvents:
+    """The event writer of a process that does not write events."""
+
+    def __init__(self, logdir):
+        self._logdir = logdir
+
+    def get_logdir(self):
+        return self._logdir
+
+    def __getattr__(self, name):   # add_event, add_summary, add_graph, flush, close, ...
+        return lambda *args, **kwargs: None
+
+
 class SummaryWriter(_TorchSummaryWriter):
     """``torch.utils.tensorboard.SummaryWriter`` that can also record whole tensors.
 
@@ -132,7 +151,18 @@ class SummaryWriter(_TorchSummaryWriter):
         # Validated before torch's constructor runs so a bad value leaves no event
         # file or directory behind.
         self.base_step = base_step
+        self._writes = _main_process()
         super().__init__(*args, **kwargs)
+
+    def _get_file_writer(self):
+        # In a multi-process run only the main process writes events; the others
+        # accept every call and write nothing.
+        if not self._writes:
+            if self.file_writer is None:
+                self.file_writer = _NoEvents(self.log_dir)
+                self.all_writers = {self.log_dir: self.file_writer}
+            return self.file_writer
+        return super()._get_file_writer()
 
     @property
     def base_step(self) -> int:

@@ -69,8 +69,7 @@ def test_positional_parameters_follow_the_reference_order(tmp_path):
     assert b.artifact_dir == str(tmp_path / "art")
     assert b.params["compile_dir"] == str(tmp_path / "cache")
     assert b.params["compile_only"] is False and b.params["validate_only"] is True
-    with pytest.warns(UserWarning, match="CPU backend: mixed_precision has no effect yet"):
-        b = cstorch.backend("cpu", None, 3, True)
+    b = cstorch.backend("cpu", None, 3, True)
     assert b.max_checkpoints == 3 and b.params["mixed_precision"] is True
 
 

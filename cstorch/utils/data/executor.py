@@ -172,10 +172,16 @@ class DataExecutor:
 
     @property
     def artifact_dir(self) -> Path:
-        """A directory for this run's artifacts, inside the backend's `artifact_dir`."""
+        """A directory for this run's artifacts, inside the backend's `artifact_dir`
+        (on a process of a multi-process run that is not the main one, a temporary
+        directory: only the main process writes into `artifact_dir`)."""
         if self._artifact_dir is None:
             from cstorch.backend import current_backend_impl
             backend = self.backend or current_backend_impl(create=True)
+            if not backend.is_main_process:
+                import tempfile
+                self._artifact_dir = Path(tempfile.mkdtemp(prefix="cstorch_executor_"))
+                return self._artifact_dir
             root = Path(backend.artifact_dir) / "executors"
             root.mkdir(parents=True, exist_ok=True)
             index = 1 + sum(1 for p in root.iterdir() if p.is_dir())

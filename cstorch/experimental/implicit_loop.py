@@ -1,0 +1,100 @@
+"""Autoregressive generation with an implicit loop, one iteration per traced step.
+
+On a Cerebras system, the ops between `start_implicit_loop` and `update_implicit_loop`
+become a loop that the compiler runs on the device until generation ends. Here a traced
+step runs that body once: each call of the step generates one more token per sequence,
+and the caller repeats the step, passing back the sequences it returned, for as many
+tokens as it wants (stopping at `max_tokens` tokens, at a stop sequence, or when the
+sequences are full; the returned sequences stop changing once they are full).
+
+The sequences follow Model Zoo's layout: each prompt is followed by padding with
+`start_token` up to the sequence length, and generated tokens replace the padding from
+left to right. A generated token equal to `start_token` reads as padding in the next
+iteration, which then predicts at the same position again.
+"""
+from typing import List, Optional, Union
+
+import torch
+
+__all__ = ["start_implicit_loop", "get_loop_iteration_slice", "update_implicit_loop"]
+
+
+def _check_dim(tensor: torch.Tensor, dim: int, what: str) -> int:
+    if not -tensor.dim() <= dim < tensor.dim():
+        raise ValueError(f"{what}: loop_dim {dim} is out of range for a tensor of shape "
+                         f"{tuple(tensor.shape)}")
+    return dim % tensor.dim()
+
+
+def start_implicit_loop(input_tensor: torch.Tensor, loop_dim: int = 1) -> torch.Tensor:
+    """Where this iteration predicts from: for each sequence of `input_tensor` (along
+    `loop_dim`), the position of its last token before the trailing padding.
+
+    The padding is the run of values equal to the sequence's last value at its end (the
+    `start_token` padding of a prompt). Returns an int64 tensor of `input_tensor`'s shape
+    with `loop_dim` of size 1. A sequence that is all padding gives position 0.
+    """
+    dim = _check_dim(input_tensor, loop_dim, "start_implicit_loop")
+    length = input_tensor.shape[dim]
+    last = input_tensor.narrow(dim, length - 1, 1)
+    is_pad = (input_tensor == last).to(torch.int64)
+    # 1 at every position from which only padding follows.
+    trailing = torch.flip(torch.cumprod(torch.flip(is_pad, (dim,)), dim=dim), (dim,))
+    first_pad = length - trailing.sum(dim=dim, keepdim=True)
+    return torch.clamp(first_pad - 1, min=0)
+
+
+def get_loop_iteration_slice(tensor: torch.Tensor, index_tensor: torch.Tensor,
+                             loop_dim: int = 1) -> torch.Tensor:
+    """The entries of `tensor` at this iteration's position: `tensor` is indexed along
+    `loop_dim` by `index_tensor` (from `start_implicit_loop`), which covers `tensor`'s
+    leading dimensions; trailing dimensions (features) are kept. ``hidden[B, S, H]`` and
+    an index ``[B, 1]`` give ``[B, 1, H]``."""
+    dim = _check_dim(tensor, loop_dim, "get_loop_iteration_slice")
+    if index_tensor.dim() > tensor.dim():
+        raise ValueError(f"get_loop_iteration_slice: an index of shape "
+                         f"{tuple(index_tensor.shape)} cannot index a tensor of shape "
+                         f"{tuple(tensor.shape)}")
+    index = index_tensor.to(torch.int64).reshape(
+        tuple(index_tensor.shape) + (1,) * (tensor.dim() - index_tensor.dim()))
+    shape = list(tensor.shape)
+    shape[dim] = 1
+    return torch.gather(tensor, dim, index.expand(shape))
+
+
+def update_implicit_loop(input_tensor: torch.Tensor, index_tensor: torch.Tensor,
+                         update_tensor: torch.Tensor,
+                         stop_sequences_tensor: Optional[torch.Tensor] = None,
+                         start_token: Union[int, List[int], None] = None,
+                         max_tokens: Optional[int] = None, loop_dim: int = 1) -> torch.Tensor:
+    """`input_tensor` with this iteration's predictions written after its last token.
+
+    `update_tensor` holds one token per sequence (shaped like `index_tensor` or with
+    `loop_dim` squeezed out); it is written at ``index + 1`` where that position still
+    holds padding (`start_token`, an int or a list of ints; None: the sequence's last
+    value, as `start_implicit_loop` reads it). A sequence that is full is returned
+    unchanged.
+
+    `stop_sequences_tensor` and `max_tokens` say when the device loop of a Cerebras
+    system ends. One iteration per step has no loop to end: they are accepted and not
+    applied; the caller that repeats the step stops when a sequence ends with one of
+    its stop sequences or has `max_tokens` new tokens.
+    """
+    dim = _check_dim(input_tensor, loop_dim, "update_implicit_loop")
+    length = input_tensor.shape[dim]
+    index = index_tensor.to(torch.int64)
+    position = index + 1
+    inside = position < length
+    position = torch.clamp(position, max=length - 1)
+    current = torch.gather(input_tensor, dim, position)
+    if start_token is None:
+        pad = input_tensor.narrow(dim, length - 1, 1)
+        is_pad = current == pad
+    else:
+        tokens = [start_token] if isinstance(start_token, int) else list(start_token)
+        is_pad = torch.zeros_like(current, dtype=torch.bool)
+        for token in tokens:
+            is_pad = is_pad | (current == token)
+    new = update_tensor.to(input_tensor.dtype).reshape(index.shape)
+    value = torch.where(inside & is_pad, new, current)
+    return torch.scatter(input_tensor, dim, position, value)
