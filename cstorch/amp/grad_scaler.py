@@ -196,11 +196,12 @@ class GradScaler:
 
 
 def _stepped_tensors(optimizer) -> list:
-    """Every tensor an optimizer step may write: parameters, per-parameter state and
-    tensor-valued group entries (a global step)."""
+    """Every tensor an optimizer step may write: parameters, per-parameter state and a
+    group's global step (other tensor-valued group entries are hyperparameters, which a
+    step reads only)."""
     seen, out = set(), []
     for group in optimizer.param_groups:
-        for value in [*group["params"], *(v for k, v in group.items() if k != "params")]:
+        for value in [*group["params"], group.get("step")]:
             if isinstance(value, torch.Tensor) and id(value) not in seen:
                 seen.add(id(value))
                 out.append(value)

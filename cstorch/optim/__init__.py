@@ -14,7 +14,10 @@ from cstorch.optim.radam import RAdam
 from cstorch.optim.rmsprop import RMSprop
 from cstorch.optim.rprop import Rprop
 from cstorch.optim.adafactor import Adafactor
+from cstorch.optim import scheduler
 from cstorch.optim import lr_scheduler
+from cstorch.optim import weight_decay_scheduler
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Adamax", "Adadelta", "Adagrad", "ASGD", "Lamb",
-           "Lion", "NAdam", "RAdam", "RMSprop", "Rprop", "Adafactor", "lr_scheduler"]
+           "Lion", "NAdam", "RAdam", "RMSprop", "Rprop", "Adafactor", "scheduler", "lr_scheduler",
+           "weight_decay_scheduler"]

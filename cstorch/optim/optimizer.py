@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections import defaultdict
 
 import torch
+from torch.optim.optimizer import ParamsT  # noqa: F401  (the params type, re-exported)
 
 from cstorch.backend import current_backend_impl
 
@@ -41,6 +42,11 @@ class Optimizer(torch.optim.Optimizer, ABC):
         self._prefix = ("optimizer" if len(self._backend.optimizers) == 1
                         else f"optimizer{len(self._backend.optimizers) - 1}")
         self._backend.state.refresh(initial=True)
+
+    def apply(self, f):
+        """Call ``f(self)``: how a sparsity algorithm takes hold of the optimizer
+        (``optimizer.apply(sparsity)``, as ``model.apply(sparsity)`` does for the model)."""
+        f(self)
 
     def increment_global_step(self, group) -> torch.Tensor:
         """Advance and return the param group's step counter (`enable_global_step=True`):

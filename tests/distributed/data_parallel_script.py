@@ -38,9 +38,9 @@ def torch_ddp(model, kind, rank, world):
     return losses, {k: v.tolist() for k, v in model.state_dict().items()}
 
 
-def train(kind: str, sync_batchnorm: bool, rank_dir: str, rank: int):
+def train(kind: str, sync_batchnorm: bool, rank_dir: str, rank: int, init_method: str):
     backend = cstorch.backend("GPU", enable_distributed=True, dist_backend="gloo",
-                              sync_batchnorm=sync_batchnorm,
+                              sync_batchnorm=sync_batchnorm, init_method=init_method,
                               artifact_dir=os.path.join(rank_dir, "artifacts"))
     world = backend.process_group.world_size
     torch.manual_seed(0)
@@ -73,11 +73,15 @@ def train(kind: str, sync_batchnorm: bool, rank_dir: str, rank: int):
 
 def main(out_dir: str):
     rank = int(os.environ["RANK"])
+    # Not torchrun's env:// default: the processes meet through a file, as
+    # torch.distributed.init_process_group(init_method="file://...") does.
+    init_method = "file://" + os.path.join(out_dir, "rendezvous")
     rank_dir = os.path.join(out_dir, f"rank{rank}")
     os.makedirs(rank_dir)
     results = {}
     for kind, sync in (("mlp", False), ("bn", False), ("bn", True)):
-        results[f"{kind}-{'sync' if sync else 'local'}"], model = train(kind, sync, rank_dir, rank)
+        results[f"{kind}-{'sync' if sync else 'local'}"], model = train(
+            kind, sync, rank_dir, rank, init_method)
     # Files: only the main process writes; each process names its own paths here, so a
     # file written by another process would show.
     cstorch.save({"model": model.state_dict()}, os.path.join(rank_dir, "checkpoint.mdl"))

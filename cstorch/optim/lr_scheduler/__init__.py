@@ -18,8 +18,10 @@ from cstorch.optim.lr_scheduler.one_cycle import OneCycleLR
 from cstorch.optim.lr_scheduler.lambda_lr import LambdaLR
 from cstorch.optim.lr_scheduler.sequential import SequentialLR
 from cstorch.optim.lr_scheduler.chained import ChainedScheduler
+from cstorch.optim.lr_scheduler.scale_per_param import ScalePerParamLR
 
 __all__ = ["LRScheduler", "ConstantLR", "LinearLR", "PolynomialLR", "ExponentialLR",
            "InverseExponentialTimeDecayLR", "InverseSquareRootDecayLR", "CosineDecayLR",
            "CosineAnnealingLR", "MultiStepLR", "StepLR", "PiecewiseConstantLR", "MultiplicativeLR",
-           "CyclicLR", "OneCycleLR", "LambdaLR", "SequentialLR", "ChainedScheduler"]
+           "CyclicLR", "OneCycleLR", "LambdaLR", "SequentialLR", "ChainedScheduler",
+           "ScalePerParamLR"]

@@ -1,4 +1,6 @@
 """`CosineAnnealingLR`: the SGDR cosine, periodic."""
+import torch
+
 from cstorch.optim.lr_scheduler.scheduler import LRScheduler, cosine
 
 
@@ -6,7 +8,8 @@ class CosineAnnealingLR(LRScheduler):
     """``eta_min + (initial - eta_min) * (1 + cos(pi * t / T_max)) / 2`` for every t: down to
     ``eta_min`` at ``T_max``, back up to the initial rate at ``2 * T_max``, and so on."""
 
-    def __init__(self, optimizer, initial_learning_rate, T_max, eta_min=0.0, param_group_tags=None):
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 initial_learning_rate, T_max, eta_min=0.0, param_group_tags=None):
         self.initial_learning_rate = initial_learning_rate
         self.T_max = T_max
         self.eta_min = eta_min

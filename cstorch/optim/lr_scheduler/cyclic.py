@@ -10,7 +10,8 @@ class CyclicLR(LRScheduler):
     (constant), "triangular2" (halved every cycle), "exp_range" (``gamma ** t``);
     ``scale_mode`` says whether the scale follows the cycle number or the step."""
 
-    def __init__(self, optimizer, base_lr, max_lr, step_size_up=2000, step_size_down=None,
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 base_lr, max_lr, step_size_up=2000, step_size_down=None,
                  mode="triangular", gamma=1.0, scale_mode="cycle", param_group_tags=None):
         if mode not in ("triangular", "triangular2", "exp_range"):
             raise ValueError(f"mode must be triangular, triangular2 or exp_range, got {mode!r}")

@@ -8,7 +8,8 @@ class ExponentialLR(LRScheduler):
     """``initial * decay_rate ** (t / total_iters)``; with ``staircase`` the exponent is
     floored, so the rate drops once every ``total_iters`` steps."""
 
-    def __init__(self, optimizer, initial_learning_rate, total_iters, decay_rate, staircase=False,
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 initial_learning_rate, total_iters, decay_rate, staircase=False,
                  param_group_tags=None):
         self.initial_learning_rate = initial_learning_rate
         self.decay_rate = decay_rate

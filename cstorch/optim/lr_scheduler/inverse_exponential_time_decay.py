@@ -8,7 +8,8 @@ class InverseExponentialTimeDecayLR(LRScheduler):
     """``initial / (1 + decay_rate * t ** step_exponent / total_iters)``; with ``staircase``
     the ratio ``t ** step_exponent / total_iters`` is floored."""
 
-    def __init__(self, optimizer, initial_learning_rate, step_exponent, total_iters, decay_rate,
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 initial_learning_rate, step_exponent, total_iters, decay_rate,
                  staircase=False, param_group_tags=None):
         self.initial_learning_rate = initial_learning_rate
         self.step_exponent = step_exponent

@@ -8,7 +8,8 @@ class InverseSquareRootDecayLR(LRScheduler):
     """``initial * scale / sqrt(max(t, warmup_steps))``: constant for ``warmup_steps``
     steps, then decaying as ``1 / sqrt(t)``."""
 
-    def __init__(self, optimizer, initial_learning_rate=1.0, scale=1.0, warmup_steps=1.0,
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 initial_learning_rate=1.0, scale=1.0, warmup_steps=1.0,
                  param_group_tags=None):
         self.initial_learning_rate = initial_learning_rate
         self.scale = scale

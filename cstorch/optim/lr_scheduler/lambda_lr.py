@@ -10,11 +10,11 @@ class LambdaLR(LRScheduler):
     step as a float32 tensor and must use torch ops on it (no ``.item()``, no Python
     branching on it), since inside a traced step it is a traced value."""
 
-    def __init__(self, optimizer, lr_lambda, param_group_tags=None):
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_lambda, param_group_tags=None):
         self.lr_lambda = lr_lambda
         super().__init__(optimizer, None, param_group_tags=param_group_tags)
 
-    def lrs_at(self, step):
+    def values_at(self, step):
         fns = self.lr_lambda if isinstance(self.lr_lambda, (list, tuple)) else [self.lr_lambda] * len(self._groups)
         if len(fns) != len(self._groups):
             raise ValueError(f"expected {len(self._groups)} lr_lambdas, got {len(fns)}")

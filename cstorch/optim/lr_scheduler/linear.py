@@ -1,4 +1,6 @@
 """`LinearLR`: linear interpolation between two rates."""
+import torch
+
 from cstorch.optim.lr_scheduler.polynomial import polynomial
 from cstorch.optim.lr_scheduler.scheduler import LRScheduler
 
@@ -12,7 +14,8 @@ class LinearLR(LRScheduler):
     this one.
     """
 
-    def __init__(self, optimizer, initial_learning_rate, end_learning_rate, total_iters,
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 initial_learning_rate, end_learning_rate, total_iters,
                  cycle=False, param_group_tags=None):
         self.initial_learning_rate = initial_learning_rate
         self.end_learning_rate = end_learning_rate

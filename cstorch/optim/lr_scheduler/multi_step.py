@@ -14,7 +14,8 @@ def milestones_passed(step, milestones):
 class MultiStepLR(LRScheduler):
     """``initial * gamma ** (number of milestones <= t)``."""
 
-    def __init__(self, optimizer, initial_learning_rate, gamma, milestones, param_group_tags=None):
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 initial_learning_rate, gamma, milestones, param_group_tags=None):
         self.initial_learning_rate = initial_learning_rate
         self.gamma = gamma
         self.milestones = sorted(milestones)

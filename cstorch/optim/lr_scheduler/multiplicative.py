@@ -7,7 +7,8 @@ from cstorch.optim.lr_scheduler.scheduler import LRScheduler
 class MultiplicativeLR(LRScheduler):
     """``initial * coefficient ** t``."""
 
-    def __init__(self, optimizer, initial_learning_rate, coefficient, param_group_tags=None):
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 initial_learning_rate, coefficient, param_group_tags=None):
         self.initial_learning_rate = initial_learning_rate
         self.coefficient = coefficient
         super().__init__(optimizer, None, param_group_tags=param_group_tags)

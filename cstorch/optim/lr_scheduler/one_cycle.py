@@ -15,7 +15,8 @@ class OneCycleLR(LRScheduler):
     continues.
     """
 
-    def __init__(self, optimizer, initial_learning_rate, max_lr, total_steps=1000, pct_start=0.3,
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 initial_learning_rate, max_lr, total_steps=1000, pct_start=0.3,
                  final_lr=None, three_phase=False, anneal_strategy="cos", param_group_tags=None):
         if anneal_strategy not in ("cos", "linear"):
             raise ValueError(f"anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")

@@ -20,7 +20,8 @@ class PolynomialLR(LRScheduler):
     ``end_learning_rate``; with ``cycle`` the decay restarts over a horizon stretched to the
     next multiple of ``total_iters``."""
 
-    def __init__(self, optimizer, initial_learning_rate, end_learning_rate, total_iters, power=1.0,
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 initial_learning_rate, end_learning_rate, total_iters, power=1.0,
                  cycle=False, param_group_tags=None):
         self.initial_learning_rate = initial_learning_rate
         self.end_learning_rate = end_learning_rate

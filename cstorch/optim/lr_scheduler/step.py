@@ -7,7 +7,8 @@ from cstorch.optim.lr_scheduler.scheduler import LRScheduler
 class StepLR(LRScheduler):
     """``initial * gamma ** floor(t / step_size)``."""
 
-    def __init__(self, optimizer, initial_learning_rate, step_size, gamma, param_group_tags=None):
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 initial_learning_rate, step_size, gamma, param_group_tags=None):
         self.initial_learning_rate = initial_learning_rate
         self.step_size = step_size
         self.gamma = gamma

@@ -1,0 +1,42 @@
+"""`SET`: sparse evolutionary training."""
+import torch
+
+from cstorch.sparse.dynamic import DynamicSparsityAlgorithm
+from cstorch.sparse.utils import (hash_uniform, keep_count, make_hyperparameter_schedule,
+                                  name_seed, top_ranked)
+
+
+class SET(DynamicSparsityAlgorithm):
+    """Sparse evolutionary training (Mocanu et al., 2018): on each update step drop the
+    ``drop_fraction`` of the kept weights with the smallest magnitude and regrow as many
+    connections at random among the pruned ones, so the sparsity level holds.
+
+    ``drop_fraction`` is a number or a schedule (``{"type": "cosine", "init": 0.3,
+    "half_period": ...}`` anneals it). The number dropped is ``round(drop_fraction * k)``,
+    k the number of weights the level keeps. Regrown connections start at zero (they were
+    pruned, so their weights and optimizer state are zero). The random choice is a hash of
+    (parameter name, step, element), so eager and traced runs regrow alike.
+    """
+
+    def __init__(self, drop_fraction=0.3, **kwargs):
+        self.drop_fraction = make_hyperparameter_schedule(drop_fraction, "drop_fraction")
+        if isinstance(drop_fraction, (int, float)) and not 0 <= drop_fraction <= 1:
+            raise ValueError(f"{type(self).__name__}'s drop_fraction must be in [0, 1], "
+                             f"got {drop_fraction}")
+        super().__init__(**kwargs)
+
+    def regrow_score(self, p, mask, name):
+        """The score of each pruned connection (higher regrows first), >= 0."""
+        return hash_uniform(tuple(p.shape), name_seed(name or ""), self.step)
+
+    def update_mask(self, p, mask, sparsity, name=None):
+        k = keep_count(p.numel(), sparsity)
+        fraction = torch.clamp(self.drop_fraction(self.step), 0.0, 1.0)
+        n_drop = torch.round(fraction * k)
+        magnitude = p.abs().to(torch.float32)
+        kept = top_ranked(torch.where(mask, magnitude, torch.full_like(magnitude, -1.0)),
+                          k - n_drop)
+        score = torch.where(mask, torch.full_like(magnitude, -1.0),
+                            self.regrow_score(p, mask, name).to(torch.float32))
+        grown = top_ranked(torch.where(kept, torch.full_like(magnitude, -2.0), score), n_drop)
+        return kept | grown
