@@ -307,6 +307,9 @@ def decompositions():
     if _decompositions[0] == stamp:
         return _decompositions[1]
     table = core_aten_decompositions()
+    for op in _WRONG_DECOMPOSITIONS:
+        if op in LOWERINGS:
+            table.pop(op, None)
     for op, fn in decomposition_table.items():
         if (op not in table and op not in LOWERINGS and isinstance(op, torch._ops.OpOverload)
                 and "out" not in op._overloadname and not op.name().endswith("_")):
@@ -316,6 +319,11 @@ def decompositions():
 
 
 _decompositions = [None, None]   # [len(LOWERINGS) it was built for, the table]
+
+# Core-ATen decompositions that compute something else than the op: the op's own lowering
+# is used instead. multilabel_margin_loss_forward's also counts a frame's targets after
+# its first -1, which end the frame's target list.
+_WRONG_DECOMPOSITIONS = (torch.ops.aten.multilabel_margin_loss_forward.default,)
 
 
 def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],

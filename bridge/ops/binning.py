@@ -79,6 +79,72 @@ def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=
     return jnp.moveaxis(fn(moved, lengths), batch, axis)
 
 
+def _segment_1d_backward(grad, output, data, lengths, start, reduce, initial):
+    """ATen's gradient of `_segment_1d` for `data` (N, ...), segments of `lengths` (S,)
+    laid end to end from position `start` (offsets[0]; 0 for lengths). Elements outside
+    every segment get 0. max/min: the gradient reaches every element equal to the result
+    (or NaN); where two or more do, each positive share is divided by their count, and a
+    negative one is not (ATen's CPU kernel does exactly this). prod: grad * result / x,
+    and for a zero or NaN x the product of the segment's other elements times `initial`."""
+    n, s = data.shape[0], lengths.shape[0]
+    if s == 0 or n == 0:
+        return jnp.zeros_like(data)
+    pos = jnp.arange(n)
+    seg = jnp.searchsorted(start + jnp.cumsum(lengths), pos, side="right")
+    inside = (seg < s) & (pos >= start)
+    seg = jnp.where(inside, seg, s)  # row s of a per-segment total collects the outsiders
+    index = jnp.minimum(seg, s - 1)
+    g, out = grad[index], output[index]
+    column = (n,) + (1,) * (data.ndim - 1)
+
+    def per_segment(values):  # each element's segment total of `values`
+        totals = jnp.zeros((s + 1,) + data.shape[1:], values.dtype).at[seg].add(values)
+        return totals[seg]
+
+    if reduce == "sum":
+        result = g
+    elif reduce == "mean":
+        result = g / lengths[index].astype(data.dtype).reshape(column)
+    elif reduce in ("max", "min"):
+        hit = jnp.isnan(data) | (data == out)
+        count = per_segment(hit.astype(jnp.int32))
+        result = jnp.where(hit, g, 0)
+        result = jnp.where((count >= 2) & (result > 0), result / count, result)
+    elif reduce == "prod":
+        is_nan, is_zero = jnp.isnan(data), data == 0
+        special = is_nan | is_zero
+        # the product of the segment's other elements: those neither zero nor NaN, then
+        # zeroed (or NaN) by any other zero and made NaN by any other NaN
+        rest = jnp.ones((s + 1,) + data.shape[1:], data.dtype).at[seg].multiply(
+            jnp.where(special, 1, data))[seg]
+        other_nans = per_segment(is_nan.astype(jnp.int32)) - is_nan
+        other_zeros = per_segment(is_zero.astype(jnp.int32)) - is_zero
+        first = jnp.asarray(1 if initial is None else initial, data.dtype)
+        others = first * rest
+        others = jnp.where(other_zeros > 0, others * 0, others)  # inf * 0 is NaN, as in ATen
+        others = jnp.where(other_nans > 0, jnp.nan, others)
+        result = jnp.where(special, g * others, g * out / jnp.where(special, 1, data))
+    else:
+        raise NotImplementedError(f"_segment_reduce_backward with reduce={reduce!r}")
+    return jnp.where(inside.reshape(column), result, 0).astype(data.dtype)
+
+
+@lowering(aten._segment_reduce_backward.default)
+def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0,
+                            initial=None):
+    if lengths is None:
+        lengths, start = jnp.diff(offsets, axis=-1), offsets[..., 0]
+    else:
+        start = jnp.zeros(lengths.shape[:-1], lengths.dtype)
+    axis = axis % data.ndim
+    batch = lengths.ndim - 1  # lengths carries the dims before `axis`
+    move = lambda a: jnp.moveaxis(a, axis, batch)
+    fn = lambda g, o, d, l, b: _segment_1d_backward(g, o, d, l, b, reduce, initial)
+    for _ in range(batch):
+        fn = jax.vmap(fn)
+    return jnp.moveaxis(fn(move(grad), move(output), move(data), lengths, start), batch, axis)
+
+
 def _dd_edges(x, bins, range):
     """Per-dim bin edges of `histogramdd` over the last dim's D coordinates."""
     pts = x.reshape(-1, x.shape[-1])

@@ -50,16 +50,19 @@ def inv_ex(a, check_errors=False):
     return jnp.linalg.inv(a), _info(a)
 
 
+# `_linalg_det` and `_linalg_slogdet` also return an LU factorization, which their
+# backward formulas solve with: ATen's is that of A^T (A's transpose), not of A, so the
+# factors here are `lu_factor_ex(A^T)`'s; those of A give wrong gradients.
 @lowering(aten._linalg_det.default)
 def det(a):
-    lu, piv, _ = lu_factor_ex(a)
+    lu, piv, _ = lu_factor_ex(_mT(a))
     return jnp.linalg.det(a), lu, piv
 
 
 @lowering(aten._linalg_slogdet.default)
 def slogdet(a):
     sign, logabs = jnp.linalg.slogdet(a)
-    lu, piv, _ = lu_factor_ex(a)
+    lu, piv, _ = lu_factor_ex(_mT(a))
     return sign, logabs, lu, piv
 
 
@@ -264,26 +267,38 @@ def _pnorm(diff, p):
     return jnp.sum(diff ** p, axis=-1) ** (1.0 / p)
 
 
+def _pnorm_slope(diff, dist, p):
+    """d dist / d diff for dist = ||diff||_p (dist broadcast against diff), with ATen's
+    zeros: at a zero distance, and for p < 1 at a zero difference, where the formula
+    sign(d) |d|^(p-1) / dist^(p-1) is NaN or infinite."""
+    zero = jnp.zeros((), diff.dtype)
+    if p == 0:
+        return jnp.zeros_like(diff)
+    if p == 1:
+        return jnp.sign(diff)
+    if p == float("inf"):
+        return jnp.where(jnp.abs(diff) == dist, jnp.sign(diff), zero)
+    safe_dist = jnp.where(dist == 0, 1, dist)
+    safe_diff = jnp.where(diff == 0, 1, jnp.abs(diff))
+    return jnp.where((dist == 0) | (diff == 0), zero,
+                     jnp.sign(diff) * (safe_diff / safe_dist) ** (p - 1))
+
+
 @lowering(aten._cdist_backward.default)
 def cdist_backward(grad, x1, x2, p, dist):
     """Gradient of `cdist` for `x1` (autograd swaps the arguments for `x2`), by the
-    derivative of the p-norm: sign(d) |d|^(p-1) / dist^(p-1). Written out rather than as
-    the VJP of `cdist`: at a zero distance (cdist(x, x)'s diagonal), and for p < 1 at a
-    zero difference, the VJP is NaN where ATen gives 0."""
+    derivative of the p-norm. Written out rather than as the VJP of `cdist`: at a zero
+    distance (cdist(x, x)'s diagonal), and for p < 1 at a zero difference, the VJP is NaN
+    where ATen gives 0.
+
+    Like ATen's kernel the result has `x1` broadcast to the batch dims of both inputs
+    (autograd sums it back to x1's shape), except when that batch, a row count or the
+    feature count is empty: then it is zeros shaped like `x1` itself."""
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    if x1.shape[-2] == 0 or x2.shape[-2] == 0 or x1.shape[-1] == 0 or 0 in batch:
+        return jnp.zeros_like(x1)
     diff = x1[..., :, None, :] - x2[..., None, :, :]
-    dist = dist[..., None]
-    zero = jnp.zeros((), diff.dtype)
-    if p == 0:
-        slope = jnp.zeros_like(diff)
-    elif p == 1:
-        slope = jnp.sign(diff)
-    elif p == float("inf"):
-        slope = jnp.where(jnp.abs(diff) == dist, jnp.sign(diff), zero)
-    else:
-        safe_dist = jnp.where(dist == 0, 1, dist)
-        safe_diff = jnp.where(diff == 0, 1, jnp.abs(diff))
-        slope = jnp.where((dist == 0) | (diff == 0), zero,
-                          jnp.sign(diff) * (safe_diff / safe_dist) ** (p - 1))
+    slope = _pnorm_slope(diff, dist[..., None], p)
     return jnp.sum(grad[..., None] * slope, axis=-2)
 
 
@@ -292,6 +307,15 @@ def pdist(x, p=2.0):
     n = x.shape[0]
     i, j = jnp.triu_indices(n, 1)
     return _pnorm(jnp.abs(x[i] - x[j]), p)
+
+
+@lowering(aten._pdist_backward.default)
+def pdist_backward(grad, x, p, dist):
+    """Gradient of `pdist`: the pair (i, j), i < j, in `triu_indices` order as the forward
+    lists it, adds grad * slope(x_i - x_j) to row i and subtracts it from row j."""
+    i, j = jnp.triu_indices(x.shape[0], 1)
+    part = grad[:, None] * _pnorm_slope(x[i] - x[j], dist[:, None], p)
+    return jnp.zeros_like(x).at[i].add(part).at[j].add(-part)
 
 
 @lowering(aten.dist.default)

@@ -1,4 +1,6 @@
 """Gathers, scatters, advanced indexing and embeddings."""
+import math
+
 import jax.numpy as jnp
 import torch
 
@@ -15,13 +17,16 @@ def _along(index, dim, ndim):
     return tuple(grids)
 
 
-def _scalar_scatter(fn):
-    """A scatter on a 0-d input: ATen treats it, its 0-d index and 0-d source as 1-element
-    vectors along dim 0 or -1."""
+def _scatter_rules(fn):
+    """ATen's scatter rules `fn` need not know: an empty index writes nothing, whatever its
+    rank (a gather's backward scatters a (2, 0) index into a 1-d input); a 0-d input,
+    its 0-d index and 0-d source act as 1-element vectors along dim 0 or -1."""
     import functools
 
     @functools.wraps(fn)
     def wrapped(x, dim, index, src, *args, **kwargs):
+        if index.size == 0:
+            return x
         if x.ndim != 0:
             return fn(x, dim, index, src, *args, **kwargs)
         one = lambda a: a.reshape(1) if getattr(a, "ndim", None) == 0 else a
@@ -39,20 +44,20 @@ def gather(x, dim, index, sparse_grad=False):
 
 
 @lowering(aten.scatter.value)
-@_scalar_scatter
+@_scatter_rules
 def scatter_value(x, dim, index, value):
     return x.at[_along(index, dim % x.ndim, x.ndim)].set(value)
 
 
 @lowering(aten.scatter.src)
-@_scalar_scatter
+@_scatter_rules
 def scatter_src(x, dim, index, src):
     src = src[tuple(slice(0, n) for n in index.shape)]
     return x.at[_along(index, dim % x.ndim, x.ndim)].set(src)
 
 
 @lowering(aten.scatter.value_reduce, aten.scatter.reduce)
-@_scalar_scatter
+@_scatter_rules
 def scatter_reduce_legacy(x, dim, index, src, reduce):
     at = x.at[_along(index, dim % x.ndim, x.ndim)]
     if hasattr(src, "shape"):
@@ -61,14 +66,14 @@ def scatter_reduce_legacy(x, dim, index, src, reduce):
 
 
 @lowering(aten.scatter_add.default)
-@_scalar_scatter
+@_scatter_rules
 def scatter_add(x, dim, index, src):
     src = src[tuple(slice(0, n) for n in index.shape)]
     return x.at[_along(index, dim % x.ndim, x.ndim)].add(src)
 
 
 @lowering(aten.scatter_reduce.two)
-@_scalar_scatter
+@_scatter_rules
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     src = src[tuple(slice(0, n) for n in index.shape)]
     idx = _along(index, dim % x.ndim, x.ndim)
@@ -221,6 +226,21 @@ def masked_scatter(x, mask, source):
     src = source.reshape(-1)
     taken = src[jnp.clip(order, 0, max(src.shape[0] - 1, 0))] if src.shape[0] else x.reshape(-1)
     return jnp.where(flat_mask, taken, x.reshape(-1)).reshape(x.shape)
+
+
+@lowering(aten.masked_scatter_backward.default)
+def masked_scatter_backward(grad, mask, sizes):
+    """The source's gradient of `masked_scatter`: ATen's ``grad.masked_select(mask)``
+    padded with zeros to the source's size. The k-th True position (in row-major order of
+    grad and mask broadcast together) writes element k; the count of True positions only
+    moves values, so the shape stays static."""
+    shape = jnp.broadcast_shapes(grad.shape, mask.shape)
+    flat_grad = jnp.broadcast_to(grad, shape).reshape(-1)
+    flat_mask = jnp.broadcast_to(mask, shape).reshape(-1)
+    numel = math.prod(sizes)
+    slot = jnp.where(flat_mask, jnp.cumsum(flat_mask) - 1, numel)  # numel: dropped
+    out = jnp.zeros((numel,), grad.dtype).at[slot].set(flat_grad, mode="drop")
+    return out.reshape(tuple(sizes))
 
 
 @lowering(aten.put.default)

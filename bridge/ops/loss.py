@@ -1,9 +1,12 @@
-"""Fused losses that PyTorch keeps as single (custom) ops instead of decomposing."""
+"""Fused losses that PyTorch keeps as single (custom) ops instead of decomposing, and the
+backward ops of losses whose forward decomposes but whose gradient stays one ATen op."""
 import jax
 import jax.numpy as jnp
 import torch
 
 from bridge.ops.registry import lowering
+
+aten = torch.ops.aten
 
 
 def _cross_entropy(logits, target, weight, reduction, ignore_index, label_smoothing):
@@ -47,6 +50,91 @@ def linear_cross_entropy_chunked(x, linear_weight, target, linear_bias, weight, 
             gx if compute_input_grad else empty((0, 0)),
             gw if compute_linear_weight_grad else empty((0, 0)),
             gb if compute_linear_bias_grad else empty((0,)))
+
+
+def _frames(x, reduction):
+    """(frames, classes) of a margin loss's input, which is 0-d, (C,) or (N, C), and the
+    factor ATen's backward scales each term by: 1 / classes, and 1 / frames more for a
+    mean (reduction 1)."""
+    frames = x.shape[0] if x.ndim == 2 else 1
+    classes = x.shape[-1] if x.ndim else 1
+    return frames, classes, 1.0 / (classes * (frames if reduction == 1 else 1))
+
+
+def _times_grad_output(grad_input, grad_output, frames, reduction):
+    """Each frame's gradient times its loss's incoming gradient (reduction 0, none) or
+    times the one incoming gradient of the reduced loss."""
+    if reduction == 0:
+        return grad_input * grad_output.reshape(frames, 1)
+    return grad_input * grad_output.reshape(())
+
+
+@lowering(aten.multi_margin_loss_backward.default)
+def multi_margin_loss_backward(grad_output, x, target, p, margin, weight=None, reduction=1):
+    """Per frame, every class j other than the target y with z = margin - x[y] + x[j] > 0
+    gets g (p = 1) or 2 g z (p = 2), times weight[y]; x[y] gets minus their sum."""
+    frames, classes, g = _frames(x, reduction)
+    xs = x.reshape(frames, classes)
+    y = target.reshape(frames).astype(jnp.int32)
+    z = margin - jnp.take_along_axis(xs, y[:, None], axis=1) + xs
+    wrong = jnp.arange(classes)[None, :] != y[:, None]
+    part = jnp.where(wrong & (z > 0), g if p == 1 else 2 * g * z, 0).astype(x.dtype)
+    if weight is not None:
+        part = part * weight[y][:, None]
+    grad = part - jax.nn.one_hot(y, classes, dtype=x.dtype) * jnp.sum(part, 1, keepdims=True)
+    return _times_grad_output(grad, grad_output, frames, reduction).reshape(x.shape)
+
+
+def _listed_targets(target, frames, classes):
+    """Each frame's target classes, 0 where unlisted, and whether each is listed: the
+    entries before the frame's first negative one."""
+    ys = target.reshape(frames, classes).astype(jnp.int32)
+    listed = jnp.cumprod(ys >= 0, axis=1).astype(bool)
+    return jnp.where(listed, ys, 0), listed
+
+
+@lowering(aten.multilabel_margin_loss_forward.default)
+def multilabel_margin_loss_forward(x, target, reduction):
+    """Per frame, sum over its listed targets y and its other classes j of
+    max(0, 1 - x[y] + x[j]) / classes; and `is_target`, 1 at the listed classes.
+
+    PyTorch's core-ATen decomposition of this op also counts the entries after the first
+    -1 (as if they were class 0) and so disagrees with ATen's kernel there; this lowering
+    follows the kernel, for graphs that keep the op."""
+    frames, classes, _ = _frames(x, 0)
+    xs = x.reshape(frames, classes)
+    ys, listed = _listed_targets(target, frames, classes)
+    rows = jnp.arange(frames)[:, None]
+    is_target = jnp.zeros((frames, classes), bool).at[rows, ys].max(listed)
+    z = 1 - jnp.take_along_axis(xs, ys, axis=1)[:, :, None] + xs[:, None, :]
+    keep = listed[:, :, None] & ~is_target[:, None, :]
+    loss = jnp.sum(jnp.where(keep, jnp.maximum(z, 0), 0), axis=(1, 2)) / classes
+    if reduction == 1:
+        loss = jnp.mean(loss)
+    elif reduction == 2:
+        loss = jnp.sum(loss)
+    # With reduction "none", a single frame's loss has shape (1,) as PyTorch's meta
+    # function says (the graph around the op is traced with it), though the eager kernel
+    # returns a 0-d tensor.
+    return loss.astype(x.dtype), is_target.astype(x.dtype).reshape(target.shape)
+
+
+@lowering(aten.multilabel_margin_loss_backward.default)
+def multilabel_margin_loss_backward(grad_output, x, target, reduction, is_target):
+    """Per frame, the targets are `target`'s entries before its first negative one; for
+    each target y and each non-target class j (`is_target` 0) with 1 - x[y] + x[j] > 0,
+    x[j] gets +g and x[y] gets -g."""
+    frames, classes, g = _frames(x, reduction)
+    xs = x.reshape(frames, classes)
+    ys, listed = _listed_targets(target, frames, classes)
+    x_y = jnp.take_along_axis(xs, ys, axis=1)
+    z = 1 - x_y[:, :, None] + xs[:, None, :]  # (frame, k-th target, class j)
+    hinge = listed[:, :, None] & (is_target.reshape(frames, 1, classes) == 0) & (z > 0)
+    hinge = hinge.astype(x.dtype)
+    grad = g * jnp.sum(hinge, axis=1)
+    rows = jnp.arange(frames)[:, None]
+    grad = grad.at[rows, ys].add(-g * jnp.sum(hinge, axis=2))
+    return _times_grad_output(grad, grad_output, frames, reduction).reshape(x.shape)
 
 
 try:  # the op is registered when its module is imported; older torch has no such op
