@@ -50,7 +50,8 @@ def test_sigkill_mid_save_keeps_previous(tmp_path):
 
 def _backend(monkeypatch, n):
     backend_mod = sys.modules["cstorch.backend"]  # `cstorch.backend` the attribute is a function
-    monkeypatch.setattr(backend_mod, "current_backend_impl", lambda *a, **k: types.SimpleNamespace(max_checkpoints=n))
+    monkeypatch.setattr(backend_mod, "current_backend_impl", lambda *a, **k: types.SimpleNamespace(
+        max_checkpoints=n, is_main_process=True))
 
 
 def test_max_checkpoints(tmp_path, monkeypatch):
