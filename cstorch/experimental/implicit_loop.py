@@ -12,9 +12,12 @@ The sequences follow Model Zoo's layout: each prompt is followed by padding with
 left to right. A generated token equal to `start_token` reads as padding in the next
 iteration, which then predicts at the same position again.
 """
+import warnings
 from typing import List, Optional, Union
 
 import torch
+
+_warned: list = []   # the not-applied warning is given once per process
 
 __all__ = ["start_implicit_loop", "get_loop_iteration_slice", "update_implicit_loop"]
 
@@ -80,6 +83,13 @@ def update_implicit_loop(input_tensor: torch.Tensor, index_tensor: torch.Tensor,
     applied; the caller that repeats the step stops when a sequence ends with one of
     its stop sequences or has `max_tokens` new tokens.
     """
+    if (stop_sequences_tensor is not None or max_tokens is not None) and not _warned:
+        _warned.append(True)
+        warnings.warn(
+            "update_implicit_loop: stop_sequences_tensor and max_tokens end a device loop on a "
+            "Cerebras system; here a traced step generates one token per call, so they are not "
+            "applied: call the step again, passing back the sequences it returns, until a "
+            "sequence ends with a stop sequence or has max_tokens new tokens", stacklevel=2)
     dim = _check_dim(input_tensor, loop_dim, "update_implicit_loop")
     length = input_tensor.shape[dim]
     index = index_tensor.to(torch.int64)

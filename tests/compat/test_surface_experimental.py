@@ -120,3 +120,13 @@ def test_traced_tensor_hooks_see_module_outputs_while_a_step_is_traced():
 
     other(x)
     assert seen == []
+
+
+def test_stop_sequences_and_max_tokens_warn_that_they_are_not_applied(monkeypatch):
+    from cstorch.experimental import implicit_loop
+    monkeypatch.setattr(implicit_loop, "_warned", [])
+    seq = torch.tensor([[2, START, START]])
+    index = cstorch.experimental.start_implicit_loop(seq, loop_dim=1)
+    with pytest.warns(UserWarning, match="one token per call, so they are not applied"):
+        cstorch.experimental.update_implicit_loop(seq, index, torch.tensor([[7]]),
+                                                  start_token=START, max_tokens=4)
