@@ -872,7 +872,7 @@ class Device:
 
     @property
     def type(self) -> str:
-        return self._backend.backend_type
+        return str(self._backend.backend_type)
 
     @property
     def lazy_initialization(self) -> bool:
@@ -881,10 +881,10 @@ class Device:
         return self._backend.is_csx and csx.debug.lazy_initialization
 
     def __str__(self):
-        return self._backend.backend_type
+        return self.type
 
     def __repr__(self):
-        return f"device(type={self._backend.backend_type!r})"
+        return f"device(type={self.type!r})"
 
     def __enter__(self):
         if self._depth == 0 and self.lazy_initialization:

@@ -1,40 +1,57 @@
-"""`cerebras.pytorch.backends.csx`: performance and debug flags of the CSX backend.
+"""`cerebras.pytorch.backends.csx`: flags of the CSX backend, in groups: `precision`,
+`performance`, `debug`, `cluster` and `storage.s3`.
 
-Flags are validated on assignment, so a bad value fails where it is set.
+Flags are validated on assignment, so a bad value fails where it is set. A flag that has
+nothing to act on here (cluster plumbing) is stored only, and setting it to other than its
+default warns that it has no effect.
 """
+import copy
 import warnings
-from typing import Any
+from typing import Any, Callable
+
+from cstorch.backends.debug_args import DebugArgs, update_from_keys
 
 
 class _FlagGroup:
     """Attributes with defaults and validators; unknown names are refused. Flags in
     `_inert` are accepted but act on nothing here, so setting one to another value than
-    its default warns."""
+    its default warns. Each group starts from (and `reset()` returns to) fresh copies of
+    the defaults, so a mutable default (a `DebugArgs`) is never shared."""
 
     _flags: dict[str, tuple[Any, Any]] = {}
     _inert: dict[str, str] = {}
     _honoured: dict[str, tuple] = {}   # values of an inert flag that are what happens anyway
+    _convert: dict[str, Callable[[Any], Any]] = {}   # how a checked value is stored
+    _path = None   # the group's dotted name under cstorch.backends.csx (default: class name)
 
     def __init__(self):
-        for name, (default, _) in self._flags.items():
-            object.__setattr__(self, name, default)
+        self.reset()
+
+    @property
+    def _name(self) -> str:
+        return self._path or type(self).__name__.lower()
 
     def __setattr__(self, name, value):
         if name not in self._flags:
             raise AttributeError(
-                f"{type(self).__name__.lower()} has no flag {name!r}; "
+                f"{self._name} has no flag {name!r}; "
                 f"known flags: {', '.join(sorted(self._flags))}")
         default, check = self._flags[name]
         if check is not None:
             check(name, value)
+        if name in self._convert:
+            value = self._convert[name](value)
         if name in self._inert and value != default and value not in self._honoured.get(name, ()):
-            warnings.warn(f"cstorch.backends.csx.{type(self).__name__.lower()}.{name} has no effect "
+            warnings.warn(f"cstorch.backends.csx.{self._name}.{name} has no effect "
                           f"here: {self._inert[name]}", stacklevel=2)
         object.__setattr__(self, name, value)
 
     def reset(self):
         for name, (default, _) in self._flags.items():
-            object.__setattr__(self, name, default)
+            value = copy.deepcopy(default)
+            if name in self._convert:
+                value = self._convert[name](value)
+            object.__setattr__(self, name, value)
 
     def __repr__(self):
         return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self._flags)})"
@@ -94,6 +111,47 @@ def _micro_batch_size(name, value, per_step=True):
         f"function name, got {value!r}")
 
 
+def _optional_str(name, value):
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be None or a str, got {value!r}")
+
+
+def _optional_str_list(name, value):
+    if value is not None and (not isinstance(value, (list, tuple))
+                              or not all(isinstance(v, str) for v in value)):
+        raise TypeError(f"{name} must be None or a list of str, got {value!r}")
+
+
+def _debug_args(name, value):
+    if value is not None and not isinstance(value, (DebugArgs, dict)):
+        raise TypeError(f"{name} must be a DebugArgs (cerebras.appliance.utils.debug_args."
+                        f"get_debug_args() reads one from a file), a dict of dotted field "
+                        f"paths to values, or None, got {type(value).__name__}")
+
+
+class _FlagDebugArgs(DebugArgs):
+    """The `debug.debug_args` flag's own copy of the settings: merging non-empty settings
+    into it warns, as setting the flag does, since nothing here acts on them."""
+
+    @classmethod
+    def copy_of(cls, value):
+        """The flag's value for what was assigned: a copy of a `DebugArgs`; a dict of
+        dotted field paths (`{"debug_usr.flag": True}`, as a Model Zoo config gives it)
+        set one by one; None: empty."""
+        flag = cls()
+        if isinstance(value, dict):
+            update_from_keys(flag, value)
+        elif value is not None:
+            DebugArgs.MergeFrom(flag, value)
+        return flag
+
+    def MergeFrom(self, other) -> None:  # noqa: N802 (protocol buffer spelling)
+        super().MergeFrom(other)
+        if self:
+            warnings.warn(f"cstorch.backends.csx.debug.debug_args has no effect here: "
+                          f"{Debug._inert['debug_args']}", stacklevel=2)
+
+
 class Precision(_FlagGroup):
     """Precision flags. `optimization_level` (POL, an int in [0, 3), default 1) selects how
     much reduced precision steps on a CSX backend compute in (`wafer.precision` has the
@@ -137,7 +195,14 @@ class Debug(_FlagGroup):
       on a CSX backend hold no host data; `cstorch.compile` builds them on the devices
       (`cstorch.lazy_init`; random initialisation then draws from JAX's PRNG). False
       creates them eagerly on the host, with eager PyTorch's values.
-    - `debug_args`, `ini` (default None): cluster debugging options; stored only.
+    - `debug_args` (default an empty `DebugArgs`): the cluster's compiler and runtime
+      debug settings, stored only. Assigning a `DebugArgs`, or a dict of dotted field
+      paths to values (None: empty), stores a copy;
+      `debug.debug_args.MergeFrom(other)` merges into it, as Model Zoo's `DebugArgsPath`
+      callback does. Both warn when the settings end up non-empty.
+    - `ini` (default None): cluster INI switches; stored only.
+    - `fabric_type_blacklist` (default None): a list of system fabric types a cluster job
+      must not be scheduled on; stored only.
     - `act_memory_gi` (default None): the activation memory budget per device, in GiB (a
       fraction is accepted), that `micro_batch_size="auto"` fits XLA's scratch memory into;
       without it "auto" fits the whole step into the device's memory.
@@ -150,19 +215,56 @@ class Debug(_FlagGroup):
         "retrace_every_iteration": (False, _bool),
         "check_finite": (False, _bool),
         "lazy_initialization": (True, _bool),
-        "debug_args": (None, None),
+        "debug_args": (DebugArgs(), _debug_args),
         "ini": (None, None),
+        "fabric_type_blacklist": (None, _optional_str_list),
         **{f"{role}_memory_gi": (None, _optional_positive_number)
            for role in ("compile_crd", "execute_crd", "wrk", "act", "cmd", "wgt")},
     }
     _inert = {
         "debug_args": "there is no cluster to pass them to",
         "ini": "there is no cluster to pass them to",
+        "fabric_type_blacklist": "there is no cluster whose systems it excludes",
         **{f"{role}_memory_gi": "there is no cluster whose memory it limits"
            for role in ("compile_crd", "execute_crd", "wrk", "cmd", "wgt")},
     }
+    _convert = {"debug_args": lambda value: _FlagDebugArgs.copy_of(value)}
+
+
+class Cluster(_FlagGroup):
+    """Cluster flags. `auto_taint` (default False): on a Wafer-Scale Cluster, mark a
+    system that failed a job as unschedulable so a restarted job avoids it (Model Zoo's
+    restartable trainer sets it). There is no cluster here: stored only, and setting it
+    to True warns that it has no effect."""
+    _flags = {"auto_taint": (False, _bool)}
+    _inert = {"auto_taint": "there is no cluster whose systems it marks"}
+
+
+class S3(_FlagGroup):
+    """S3 storage flags. `profile` (default None): the AWS credentials profile used for
+    `s3://` checkpoint paths. S3 paths are refused here (`cerebras.appliance.storage`
+    reads and writes local paths only), so it is stored only and setting it warns."""
+    _flags = {"profile": (None, _optional_str)}
+    _inert = {"profile": "s3:// checkpoint paths are not supported here; only local paths are"}
+    _path = "storage.s3"
+
+
+class Storage(_FlagGroup):
+    """Checkpoint storage flags: `storage.s3` (`S3`). It has no flags of its own."""
+    _flags = {}
+
+    def __init__(self):
+        object.__setattr__(self, "s3", S3())
+
+    def reset(self):
+        self.s3.reset()
+
+    def __repr__(self):
+        return f"Storage(s3={self.s3!r})"
 
 
 precision = Precision()
 performance = Performance()
 debug = Debug()
+cluster = Cluster()
+storage = Storage()

@@ -70,7 +70,7 @@ def _check_level(what: str, level):
 
 def _backend_level() -> int:
     from cstorch.backend import current_backend_impl
-    backend = current_backend_impl()
+    backend = current_backend_impl(raise_exception=False)
     level = backend.precision_level if backend is not None else None
     return 0 if level is None else level
 
@@ -159,5 +159,5 @@ class pol:
 
 def _applies() -> bool:
     from cstorch.backend import current_backend_impl
-    backend = current_backend_impl()
+    backend = current_backend_impl(raise_exception=False)
     return backend is not None and backend.precision_level is not None

@@ -54,7 +54,7 @@ def _module_path(module: torch.nn.Module, ctx) -> str:
     key = id(ctx)
     if key not in _paths:
         _paths.clear()     # one capture at a time keeps its map
-        backend = current_backend_impl()
+        backend = current_backend_impl(raise_exception=False)
         roots = backend.modules if backend is not None else []
         paths = {}
         for i, root in enumerate(roots):

@@ -131,7 +131,7 @@ def _backend(backend):
     if backend is not None:
         return backend
     from cstorch.backend import current_backend_impl
-    b = current_backend_impl()
+    b = current_backend_impl(raise_exception=False)
     if b is None:
         raise RuntimeError("no backend has been initialized; call cstorch.backend(...) and "
                            "cstorch.compile(model) before saving or loading run state")

@@ -9,7 +9,7 @@ _lock = threading.Lock()
 def _limit():
     try:
         from cstorch.backend import current_backend_impl
-        backend = current_backend_impl()
+        backend = current_backend_impl(raise_exception=False)
     except Exception:
         return None
     return getattr(backend, "max_checkpoints", None) if backend is not None else None

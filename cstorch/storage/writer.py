@@ -55,7 +55,7 @@ def save(obj, checkpoint_file):
     from cstorch import __version__
     from cstorch.backend import current_backend_impl
 
-    backend = current_backend_impl()
+    backend = current_backend_impl(raise_exception=False)
     if backend is not None and not backend.is_main_process:
         return
 

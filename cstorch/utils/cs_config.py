@@ -5,6 +5,10 @@ backend's mesh is split into (the "systems" axis) and `num_workers_per_csx` the 
 streaming workers that build a dataloader for each system. The other fields are validated
 and kept for scripts that set them; as there is no appliance to talk to, setting one to
 other than its default warns that it has no effect.
+
+`cstorch.distributed.ClusterConfig` (what Model Zoo builds) is this class with the extra
+fields of a newer cluster client; a CSX backend's `cluster_config` takes either. Both hash
+by value, so a backend's arguments can key a cache (Model Zoo's trainer does).
 """
 import warnings
 from dataclasses import dataclass, fields
@@ -44,6 +48,34 @@ class CSConfig:
         unused = [f.name for f in fields(self)
                   if f.name not in _EMULATED and getattr(self, f.name) != f.default]
         if unused:
-            warnings.warn(f"CSConfig {', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no "
-                          f"effect here: the cluster is emulated on JAX devices, and only num_csx "
-                          f"and num_workers_per_csx shape it", stacklevel=3)
+            warnings.warn(f"{type(self).__name__} {', '.join(unused)} "
+                          f"{'has' if len(unused) == 1 else 'have'} no effect here: the cluster "
+                          f"is emulated on JAX devices, and only num_csx and num_workers_per_csx "
+                          f"shape it", stacklevel=self._warn_stacklevel)
+
+    _warn_stacklevel = 3   # the caller of the dataclass __init__
+
+    def __hash__(self):
+        return _hash_fields(self)
+
+
+def _frozen(value):
+    """A hashable stand-in for a field's value: lists and dicts by their contents."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):   # DebugArgs
+        return _frozen(to_dict())
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+def _hash_fields(config) -> int:
+    """Hash a (mutable) config dataclass by its fields' values, consistently with `==`."""
+    return hash((type(config), tuple((f.name, _frozen(getattr(config, f.name)))
+                                     for f in fields(config))))

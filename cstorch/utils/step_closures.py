@@ -1,8 +1,30 @@
 """`step_closure` and `checkpoint_closure`: Python that runs after a step, with its values."""
 import functools
 
+import torch
+import torch.utils._pytree as pytree
+
 from cstorch.tracing import capturing
 from cstorch.utils.data.executor import is_checkpoint_step
+
+
+def _receiving(closure):
+    """What a traced step records for `closure`: the closure, which first hands each tensor
+    it receives to the hooks of `cerebras.pytorch.backend.ltc_backend.
+    register_after_tensor_to_cpu`, read to the host, when any hook is registered (the
+    values a Cerebras system copies from the device for a closure). Without hooks it is
+    the closure's call alone."""
+    name = getattr(closure, "__qualname__", type(closure).__name__)
+
+    @functools.wraps(closure)
+    def run(*args, **kwargs):
+        from cstorch.backend import ltc_backend
+        if ltc_backend.has_hooks():
+            for i, leaf in enumerate(pytree.tree_leaves((args, kwargs))):
+                if isinstance(leaf, torch.Tensor):
+                    ltc_backend.tensor_to_cpu(leaf, f"{name}.{i}")
+        return closure(*args, **kwargs)
+    return run
 
 
 def step_closure(closure):
@@ -12,7 +34,7 @@ def step_closure(closure):
     def wrapper(*args, **kwargs):
         ctx = capturing.get()
         if ctx is not None:
-            ctx.record_closure(closure, args, kwargs, checkpoint_only=False)
+            ctx.record_closure(_receiving(closure), args, kwargs, checkpoint_only=False)
             return None
         return closure(*args, **kwargs)
     return wrapper
@@ -26,7 +48,7 @@ def checkpoint_closure(closure):
     def wrapper(*args, **kwargs):
         ctx = capturing.get()
         if ctx is not None:
-            ctx.record_closure(closure, args, kwargs, checkpoint_only=True)
+            ctx.record_closure(_receiving(closure), args, kwargs, checkpoint_only=True)
             return None
         if is_checkpoint_step():
             return closure(*args, **kwargs)

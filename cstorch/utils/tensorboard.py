@@ -103,7 +103,7 @@ def _tensor_summary_metadata() -> summary_pb2.SummaryMetadata:
 
 def _main_process() -> bool:
     from cstorch.backend import current_backend_impl
-    backend = current_backend_impl()
+    backend = current_backend_impl(raise_exception=False)
     return backend is None or backend.is_main_process
 
 

@@ -96,7 +96,7 @@ def test_csx_flags_defaults_and_validation():
     assert csx.performance.transfer_processes == 5
     assert csx.debug.retrace_every_iteration is False
     assert csx.debug.lazy_initialization is True
-    assert csx.debug.debug_args is None and csx.debug.ini is None
+    assert not csx.debug.debug_args and csx.debug.ini is None   # an empty DebugArgs
     assert csx.debug.compile_crd_memory_gi is None and csx.debug.wgt_memory_gi is None
     try:
         csx.precision.optimization_level = 2

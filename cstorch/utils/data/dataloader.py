@@ -242,7 +242,7 @@ class DataLoader:
 
 def _backend_layout() -> Layout:
     from cstorch.backend import current_backend_impl
-    backend = current_backend_impl()
+    backend = current_backend_impl(raise_exception=False)
     config = backend.params.get("cluster_config") if backend is not None else None
     if config is None:
         return Layout()
@@ -251,5 +251,5 @@ def _backend_layout() -> Layout:
 
 def _backend_is_csx() -> bool:
     from cstorch.backend import current_backend_impl
-    backend = current_backend_impl()
+    backend = current_backend_impl(raise_exception=False)
     return backend is not None and backend.is_csx

@@ -68,7 +68,7 @@ class DataExecutor:
                     or checkpoint_steps < 0:
                 raise ValueError(f"checkpoint_steps must be None, a non-negative int or a "
                                  f"cstorch.utils.data.Schedule, got {checkpoint_steps!r}")
-        backend = current_backend_impl()
+        backend = current_backend_impl(raise_exception=False)
         self.backend = backend
 
         if writer is not None:

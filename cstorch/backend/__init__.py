@@ -1,14 +1,24 @@
-"""`cstorch.backend(...)`: the one backend of a run, its devices, mesh and state."""
+"""`cstorch.backend(...)`: the one backend of a run, its devices, mesh and state.
+
+`cerebras.pytorch.backend` is a package, as in the reference: `Backend`,
+`BackendType` and `get_backend_args` (`types`), `current_backend_impl`, `use_cs`, and the
+submodules `ltc_backend` (hooks on values copied to the host) and `cluster` (a backend's
+`cluster`). `cstorch.backend`, the attribute of the `cstorch` package, is the function
+`backend(...)` below; `importlib.import_module("cstorch.backend")` gives this module.
+"""
 import json
 import os
 import sys
 import warnings
-from typing import Optional
+from typing import Optional, Union
 
 import jax
 import torch
 
 import wafer
+from cstorch.backend import ltc_backend
+from cstorch.backend.cluster import Cluster
+from cstorch.backend.types import BackendType, get_backend_args
 from cstorch.backends import csx
 from cstorch.lazy_init import Device
 from cstorch.state import RunState
@@ -43,7 +53,9 @@ class Backend:
 
     Parameters are those the reference lists per type; `artifact_dir` defaults to
     ``$cwd/cerebras_logs``. A CSX backend also takes `cluster_config`, a
-    `cstorch.utils.CSConfig` whose `num_csx` splits the mesh into that many systems.
+    `cstorch.distributed.ClusterConfig` (or `cstorch.utils.CSConfig`) whose `num_csx`
+    splits the mesh into that many systems; `backend.cluster.config` reads and replaces it.
+    `backend_type` is a `BackendType`, equal to its name as a str ("CSX").
     On a CSX backend:
     - `compile_only`: steps are captured, lowered and compiled, never executed; state
       stays on the host (nothing is placed on the devices) and is never changed.
@@ -73,11 +85,10 @@ class Backend:
     process `main_process_id` writes checkpoints, summaries and artifacts.
     """
 
-    def __init__(self, backend_type: str, **params):
-        if not isinstance(backend_type, str) or backend_type.upper() not in _PARAMS:
-            raise ValueError(
-                f"unknown backend type {backend_type!r}; expected one of \"CSX\", \"CPU\", \"GPU\"")
-        self.backend_type = backend_type.upper()
+    def __init__(self, backend_type: Union[str, BackendType], **params):
+        # A `BackendType` (also a str: `backend_type == "CSX"` holds); its `.name` is what
+        # Model Zoo reads.
+        self.backend_type = BackendType.from_str(backend_type)
         allowed = _PARAMS[self.backend_type]
         unknown = sorted(set(params) - set(allowed))
         if unknown:
@@ -129,6 +140,9 @@ class Backend:
             num_systems = self.process_group.world_size
         self.mesh = wafer.make_mesh(self.devices, num_systems)
         self.state = RunState(self)
+        # `cluster.config` is `cluster_config`, replaceable as Model Zoo's trainer does
+        # (cstorch/backend/cluster.py).
+        self.cluster = Cluster(self)
         # `with backend.device:` builds a model; on CSX with lazy_initialization its
         # tensors are created on the devices by cstorch.compile (cstorch/lazy_init.py).
         self.device = Device(self)
@@ -211,6 +225,11 @@ class Backend:
         return bool(self.params.get("sync_batchnorm"))
 
     @property
+    def is_e2e_execution(self) -> bool:
+        """Whether steps run end to end (not compile_only or validate_only)."""
+        return self.executes
+
+    @property
     def is_csx(self) -> bool:
         return self.backend_type == "CSX"
 
@@ -281,11 +300,18 @@ def current_backend(raise_exception: bool = True, raise_warning: bool = True) ->
     return _current
 
 
-def current_backend_impl(create: bool = False) -> Optional[Backend]:
-    """The current backend without a warning; with `create`, a CPU backend if none exists."""
+def current_backend_impl(raise_exception: bool = True, create: bool = False
+                         ) -> Optional[Backend]:
+    """The current backend, without the deprecation warning of `current_backend`.
+
+    With no backend: with `create`, a CPU backend is made current and returned; otherwise
+    a RuntimeError if `raise_exception` (the default, as in the reference), else None
+    (Model Zoo's `current_backend_impl(raise_exception=False)`)."""
     global _current
     if _current is None and create:
         _current = Backend("CPU")
+    if _current is None and raise_exception:
+        raise RuntimeError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
     return _current
 
 
@@ -297,3 +323,7 @@ def current_torch_device() -> torch.device:
 def use_cs() -> bool:
     """True if the current backend is a CSX backend."""
     return _current is not None and _current.is_csx
+
+
+__all__ = ["Backend", "BackendType", "backend", "current_backend", "current_backend_impl",
+           "current_torch_device", "get_backend_args", "ltc_backend", "use_cs"]

@@ -1,0 +1,57 @@
+"""`BackendType`, the three kinds of backend, and `get_backend_args`, the parameters each
+takes."""
+from enum import Enum
+from typing import Any, Dict, Union
+
+
+class BackendType(str, Enum):
+    """The type of a backend: "CSX" (an emulated wafer over every JAX device), "CPU" or
+    "GPU". A member is also its name as a str (`BackendType.CSX == "CSX"`), so code that
+    compares or formats `backend.backend_type` as a string keeps working."""
+    CSX = "CSX"
+    CPU = "CPU"
+    GPU = "GPU"
+
+    def __str__(self):
+        return self.value
+
+    def __format__(self, spec):
+        return format(self.value, spec)
+
+    @classmethod
+    def from_str(cls, name: Union[str, "BackendType"]) -> "BackendType":
+        """The type named `name`, in any case ("csx", "CPU", ...)."""
+        if isinstance(name, cls):
+            return name
+        if isinstance(name, str):
+            try:
+                return cls[name.upper()]
+            except KeyError:
+                pass
+        raise ValueError(f"unknown backend type {name!r}; expected one of \"CSX\", \"CPU\", "
+                         f"\"GPU\"")
+
+    @property
+    def is_csx(self) -> bool:
+        return self is BackendType.CSX
+
+    @property
+    def is_cpu(self) -> bool:
+        return self is BackendType.CPU
+
+    @property
+    def is_gpu(self) -> bool:
+        return self is BackendType.GPU
+
+
+def get_backend_args(backend_type: Union[str, BackendType]) -> Dict[str, Any]:
+    """The parameters a backend of `backend_type` takes besides its type, in the order
+    `cstorch.backend` takes them positionally, each with its default:
+    `get_backend_args("CPU") == {"artifact_dir": None, "max_checkpoints": None,
+    "mixed_precision": None}`. Model Zoo picks a backend's arguments out of its
+    configuration with it. A new dict each call."""
+    from cstorch.backend import _PARAMS
+    return dict(_PARAMS[BackendType.from_str(backend_type).value])
+
+
+__all__ = ["BackendType", "get_backend_args"]

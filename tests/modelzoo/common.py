@@ -1,0 +1,191 @@
+"""Model Zoo's GPT-2 and LLaMA, imported from `../shared/modelzoo/src` as its users run them,
+built tiny from their own config classes, with the batches its GPT data processors make.
+
+Model Zoo's import chain reaches third-party modules it never uses in training
+(`pandas` and `tabulate` for summaries, `torchvision.ops` for a vision norm, `multiprocess`,
+`requests` and `slack_sdk` for tooling and notifications). Where one is not installed, an
+inert stand-in takes its place while Model Zoo is imported, and is withdrawn afterwards so
+that nothing else in the test process sees it.
+"""
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+import warnings
+
+import numpy as np
+import torch
+
+from tests.conftest import SHARED
+
+MODELZOO_SRC = os.path.join(SHARED, "modelzoo", "src")
+STAND_INS = ("tabulate", "multiprocess", "pandas", "torchvision", "requests", "slack_sdk")
+
+VOCAB, HIDDEN, LAYERS, HEADS, FILTER, SEQ, BATCH = 100, 32, 2, 2, 64, 16, 4
+
+
+class _Inert:
+    """Whatever a module-level import or decorator of an unused module asks for."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return _Inert()
+
+    def __getattr__(self, name):
+        return _Inert()
+
+
+class _InertModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Inert
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, names):
+        self.names = frozenset(names)
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] in self.names:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return _InertModule(spec.name)
+
+    def exec_module(self, module):
+        module.__path__ = []
+        if module.__name__ == "tabulate":  # torch._dynamo formats its exit report with it
+            module.tabulate = lambda *args, **kwargs: ""
+
+
+@contextlib.contextmanager
+def _stand_ins_for_missing_modules():
+    try:  # transformers decides once (and caches) whether torchvision exists: the truth
+        from transformers.utils import import_utils
+        import_utils.is_torchvision_available()
+    except ImportError:
+        pass
+    missing = [name for name in STAND_INS if importlib.util.find_spec(name) is None]
+    finder = _StandInFinder(missing)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [n for n in sys.modules if n.split(".")[0] in finder.names]:
+            del sys.modules[name]
+
+
+def _import_modelzoo():
+    if MODELZOO_SRC not in sys.path:
+        sys.path.insert(0, MODELZOO_SRC)
+    with _stand_ins_for_missing_modules(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pydantic and deprecation chatter of Model Zoo
+        gpt2 = importlib.import_module("cerebras.modelzoo.models.nlp.gpt2.model")
+        llama = importlib.import_module("cerebras.modelzoo.models.nlp.llama.model")
+    return gpt2, llama
+
+
+_gpt2, _llama = _import_modelzoo()
+Gpt2Model, GPT2ModelConfig = _gpt2.Gpt2Model, _gpt2.GPT2ModelConfig
+LlamaModel, LlamaModelConfig = _llama.LlamaModel, _llama.LlamaModelConfig
+
+_COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_heads=HEADS,
+               filter_size=FILTER, max_position_embeddings=SEQ,
+               embd_pdrop=0.0, dropout_rate=0.0, attention_dropout_rate=0.0)
+
+
+def gpt2_config(**overrides):
+    """GPT-2 as Model Zoo's gpt2 configs define it (learned positions, LayerNorm, GELU,
+    biases, tied embeddings), scaled down."""
+    return GPT2ModelConfig(name="gpt2", **{**_COMMON, **overrides})
+
+
+def llama_config(**overrides):
+    """LLaMA as Model Zoo's llama configs define it (rotary positions, RMSNorm, SwiGLU,
+    grouped-query attention, no biases, untied head), scaled down."""
+    return LlamaModelConfig(
+        name="llama", **{**_COMMON, **dict(
+            position_embedding_type="rotary", rotary_dim=HIDDEN // HEADS, rope_theta=10000.0,
+            share_embedding_weights=False, norm_type="rmsnorm", layer_norm_epsilon=1e-5,
+            attention_type="scaled_dot_product", attention_module="multiquery_attention",
+            extra_attention_params={"num_kv_groups": 1}, nonlinearity="swiglu",
+            use_ffn_bias=False, use_projection_bias_in_attention=False,
+            use_ffn_bias_in_attention=False, use_bias_in_output=False), **overrides})
+
+
+MODELS = {"gpt2": (Gpt2Model, gpt2_config), "llama": (LlamaModel, llama_config)}
+
+
+def build(name, seed=0, **overrides):
+    """The model built from its config, then every parameter (norm scales and biases too,
+    which Model Zoo initialises to ones and zeros) moved off its initial value at random."""
+    cls, config = MODELS[name]
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = cls(config(**overrides))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def token_batches(steps, seed=1, padded=False):
+    """`steps` batches as Model Zoo's GPT data processors yield them: int32 `input_ids`,
+    `labels` (the inputs shifted by one) and `attention_mask` (the loss mask: all ones
+    as GptHDF5MapDataProcessor makes it, or, `padded`, ones then zeros as its
+    DummyDataProcessor does), each collated into a contiguous (BATCH, SEQ) tensor."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g, dtype=torch.int32)
+        if padded:
+            lengths = torch.randint(SEQ // 2, SEQ + 1, (BATCH,), generator=g)
+            mask = (torch.arange(SEQ) < lengths[:, None]).to(torch.int32)
+        else:
+            mask = torch.ones(BATCH, SEQ, dtype=torch.int32)
+        out.append({"input_ids": tokens[:, :-1].contiguous(),
+                    "labels": tokens[:, 1:].contiguous(),
+                    "attention_mask": mask})
+    return out
+
+
+def loader(batches):
+    """A cstorch DataLoader over the in-memory batches (already collated)."""
+    import cerebras.pytorch as cstorch
+    return cstorch.utils.data.DataLoader(
+        lambda: torch.utils.data.DataLoader(batches, batch_size=None))
+
+
+def to_numpy(t):
+    return np.asarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t,
+                      dtype=np.float64)
+
+
+def max_rel(actual, expected):
+    """max |a - e| / max |e|: the difference relative to the tensor's scale."""
+    a, e = to_numpy(actual), to_numpy(expected)
+    return float(np.max(np.abs(a - e)) / max(np.max(np.abs(e)), 1e-30))
+
+
+def assert_state_close(actual, expected, rtol):
+    """Every entry of two state dicts equal within `rtol` relative to each tensor's scale
+    (an element near zero carries the rounding of the tensor's larger ones, so elementwise
+    relative error means nothing there). Returns the worst `max_rel` and its key."""
+    assert sorted(actual) == sorted(expected)
+    worst = (0.0, None)
+    for key, e in expected.items():
+        a, e = to_numpy(actual[key]), to_numpy(e)
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol * np.max(np.abs(e)),
+                                   err_msg=key)
+        worst = max(worst, (max_rel(a, e), key))
+    return worst
