@@ -50,7 +50,8 @@ def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = Non
     from the module before this call are the old, host ones.
 
     `backend` is a Backend, a backend type ("CPU", "CSX", "GPU"), or None for the current
-    backend (a CPU backend is created if there is none). A CSX backend with
+    backend (a CPU backend is created if there is none). A module without a `device`
+    attribute gets one: the backend's `torch_device`. A CSX backend with
     `log_initialization` (the default) shows the tensors being placed on a terminal.
     """
     if isinstance(model, CompiledModule):
@@ -66,6 +67,10 @@ def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = Non
     if any(m is model for m in backend.modules):
         raise RuntimeError("this module has already been compiled on this backend")
     backend.modules.append(model)
+    if not hasattr(model, "device"):
+        # Where tensors that meet the module's state belong (Model Zoo's norm callbacks
+        # build theirs with `.to(model.device)`): the torch side is on the CPU.
+        model.device = backend.torch_device
     tensors = len(model.state_dict(keep_vars=True))
     start = time.perf_counter()
     show = bool(backend.params.get("log_initialization")) and sys.stderr.isatty()

@@ -230,6 +230,19 @@ class Backend:
         return self.executes
 
     @property
+    def _impl(self) -> "Backend":
+        """The backend's implementation, which is the backend itself here (Model Zoo's
+        ProgressLogger reads `backend._impl.is_e2e_execution`)."""
+        return self
+
+    @property
+    def is_tracing(self) -> bool:
+        """Whether a `@cstorch.trace` step is being captured now (tensors are symbolic: a
+        value read then must wait for a `step_closure`)."""
+        from cstorch.tracing.capture import capturing
+        return capturing.get() is not None
+
+    @property
     def is_csx(self) -> bool:
         return self.backend_type == "CSX"
 

@@ -1,7 +1,10 @@
 """`cstorch.optim.Adafactor`: memory-light adaptive steps (Shazeer & Stern, 2018)."""
+from typing import Optional
+
 import torch
 
 from cstorch.optim import _update as U
+from cstorch.optim.optimizer import ParamsT
 
 
 def _rms(t):
@@ -20,9 +23,9 @@ class Adafactor(U.ElementwiseOptimizer):
 
     coupled_weight_decay = False
 
-    def __init__(self, params, lr=None, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8,
-                 beta1=None, weight_decay=0.0, scale_parameter=True, relative_step=False,
-                 warmup_init=False):
+    def __init__(self, params: ParamsT, lr: Optional[float] = None, eps=(1e-30, 1e-3),
+                 clip_threshold=1.0, decay_rate=-0.8, beta1=None, weight_decay=0.0,
+                 scale_parameter=True, relative_step=False, warmup_init=False):
         if lr is not None and relative_step:
             raise ValueError("Cannot combine manual lr and relative_step=True options")
         if warmup_init and not relative_step:

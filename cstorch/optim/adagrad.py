@@ -1,6 +1,7 @@
 """`cstorch.optim.Adagrad`: per-coordinate learning rates from accumulated squared gradients."""
 
 from cstorch.optim import _update as U
+from cstorch.optim.optimizer import ParamsT
 
 
 class Adagrad(U.ElementwiseOptimizer):
@@ -10,7 +11,7 @@ class Adagrad(U.ElementwiseOptimizer):
     per-parameter tensor counter.
     """
 
-    def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
+    def __init__(self, params: ParamsT, lr: float = 1e-2, lr_decay=0.0, weight_decay=0.0,
                  initial_accumulator_value=0.0, eps=1e-10, maximize=False):
         U.check("learning rate", lr)
         U.check("lr_decay value", lr_decay)

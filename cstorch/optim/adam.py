@@ -2,6 +2,7 @@
 import torch
 
 from cstorch.optim import _update as U
+from cstorch.optim.optimizer import ParamsT
 
 
 class AdamBase(U.ElementwiseOptimizer):
@@ -16,8 +17,8 @@ class AdamBase(U.ElementwiseOptimizer):
 
     coupled_weight_decay = False
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-                 l2_regularization_rate=0.0, correct_bias=True, amsgrad=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-3, betas=(0.9, 0.999), eps=1e-6,
+                 weight_decay=0.0, l2_regularization_rate=0.0, correct_bias=True, amsgrad=False):
         U.check("learning rate", lr)
         U.check("epsilon value", eps)
         U.check_betas(betas)
@@ -66,7 +67,7 @@ class Adam(AdamBase):
     ``beta2_power``, ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq`` with amsgrad).
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-                 amsgrad=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-3, betas=(0.9, 0.999), eps=1e-6,
+                 weight_decay=0.0, amsgrad=False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=0.0,
                          l2_regularization_rate=weight_decay, correct_bias=True, amsgrad=amsgrad)

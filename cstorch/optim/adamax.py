@@ -2,6 +2,7 @@
 import torch
 
 from cstorch.optim import _update as U
+from cstorch.optim.optimizer import ParamsT
 
 
 class Adamax(U.ElementwiseOptimizer):
@@ -11,8 +12,8 @@ class Adamax(U.ElementwiseOptimizer):
     per-parameter tensor so a traced step advances it.
     """
 
-    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-                 maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 2e-3, betas=(0.9, 0.999), eps=1e-6,
+                 weight_decay=0.0, maximize=False):
         U.check("learning rate", lr)
         U.check("epsilon value", eps)
         U.check_betas(betas)

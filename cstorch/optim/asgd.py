@@ -2,14 +2,15 @@
 import torch
 
 from cstorch.optim import _update as U
+from cstorch.optim.optimizer import ParamsT
 
 
 class ASGD(U.ElementwiseOptimizer):
     """Averaged SGD. Each parameter keeps its step size ``eta``, averaging weight ``mu``,
     average ``ax`` and ``step`` as tensors; averaging starts after ``t0`` steps."""
 
-    def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0.0,
-                 maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-2, lambd=1e-4, alpha=0.75, t0=1e6,
+                 weight_decay=0.0, maximize=False):
         U.check("learning rate", lr)
         U.check("weight_decay value", weight_decay)
         super().__init__(params, dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0,

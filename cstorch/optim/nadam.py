@@ -2,6 +2,7 @@
 import torch
 
 from cstorch.optim import _update as U
+from cstorch.optim.optimizer import ParamsT
 
 
 class NAdam(U.ElementwiseOptimizer):
@@ -13,8 +14,8 @@ class NAdam(U.ElementwiseOptimizer):
     what the real package's recorded trajectories follow.
     """
 
-    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 momentum_decay=4e-3):
+    def __init__(self, params: ParamsT, lr: float = 2e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.0, momentum_decay=4e-3):
         U.check("learning rate", lr)
         U.check("epsilon value", eps)
         U.check_betas(betas)

@@ -5,6 +5,7 @@ from fractions import Fraction
 import torch
 
 from cstorch.optim import _update as U
+from cstorch.optim.optimizer import ParamsT
 
 
 def _expm1_minus_x(x):
@@ -73,7 +74,8 @@ class RAdam(U.ElementwiseOptimizer):
     ``weight_decay`` is L2 regularisation of the gradient.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, params: ParamsT, lr: float = 1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.0):
         U.check("learning rate", lr)
         U.check("epsilon value", eps)
         U.check_betas(betas)

@@ -2,6 +2,7 @@
 import torch
 
 from cstorch.optim import _update as U
+from cstorch.optim.optimizer import ParamsT
 
 
 class RMSprop(U.ElementwiseOptimizer):
@@ -11,8 +12,8 @@ class RMSprop(U.ElementwiseOptimizer):
     ``momentum > 0``. ``weight_decay`` is L2 regularisation of the gradient.
     """
 
-    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
-                 centered=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0,
+                 momentum=0.0, centered=False):
         U.check("learning rate", lr)
         U.check("epsilon value", eps)
         U.check("momentum value", momentum)

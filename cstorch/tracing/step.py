@@ -98,6 +98,20 @@ class TracedStep:
     def name(self):
         return getattr(self.step_fn, "__name__", "step")
 
+    def __get__(self, obj, objtype=None):
+        """`@cstorch.trace` on a method (Model Zoo's `Trainer.training_step`): read from an
+        instance, the step bound to that instance, with its own programs. The instance
+        keeps it (in its `__dict__`), so every later read finds the same step."""
+        bind = getattr(type(self.step_fn), "__get__", None)
+        if obj is None or bind is None:
+            return self
+        attrs = getattr(obj, "__dict__", None)
+        steps = attrs.setdefault("_cstorch_traced_steps", {}) if attrs is not None else {}
+        bound = steps.get(id(self))
+        if bound is None:
+            bound = steps[id(self)] = TracedStep(bind(self.step_fn, obj, objtype))
+        return bound
+
     def _key(self, backend, call):
         """What the program for this call depends on, and the float hyperparameters' values."""
         state = backend.state

@@ -52,6 +52,31 @@ class Schedule:
             if self.include_last and last >= self.start and (last - self.start) % self.step:
                 yield last
 
+        def range(self) -> range:
+            """The regular steps ``start, start + step, ...`` below `end` as a `range`,
+            without the `include_last` step. Needs an end."""
+            if self.end is None:
+                raise TypeError("Schedule.Range.range() needs an end")
+            return range(self.start, self.end, self.step)
+
+        def __len__(self) -> int:
+            """How many steps the range holds, the `include_last` step included. Needs an
+            end."""
+            if self.end is None:
+                raise TypeError("an unbounded Schedule.Range has no length")
+            regular = self.range()
+            last = self.end - 1
+            extra = self.include_last and last >= self.start and (last - self.start) % self.step
+            return len(regular) + (1 if extra else 0)
+
+        def next_immediate_step(self, index: int) -> int:
+            """The first step of the progression ``start, start + step, ...`` at or after
+            `index` (the end is not considered): where a copy of the range starts to hold
+            only the steps still to come."""
+            if index <= self.start:
+                return self.start
+            return self.start + -(-(index - self.start) // self.step) * self.step
+
     ranges: List[Range] = field(default_factory=list)
 
     def __post_init__(self):

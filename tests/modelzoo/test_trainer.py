@@ -1,0 +1,314 @@
+"""Model Zoo's `Trainer` built from a params YAML as `cszoo fit` builds it
+(`run_trainer("train", params)`: `validate_trainer_params`, `configure_trainer_from_config`,
+`Trainer.fit`), fitting a tiny GPT-2 on the CPU backend with its default callbacks
+(CheckLoss, ComputeNorm, LogOptimizerParamGroup, profilers, ...) and loggers (progress,
+TensorBoard), checkpointing every 2 of 4 steps, then resuming from the first checkpoint.
+
+The data is what `GptHDF5MapDataProcessor` reads: HDF5 files of preprocessed samples, each
+`data` row holding `input_ids`, the loss mask and `labels`.
+
+Model Zoo 2.10 was written against older pydantic and torch than this environment has;
+none of what follows is cstorch's, and the test bridges it where it runs the Trainer:
+
+- pydantic >= 2.10 makes a field required when `create_model` is given `...` as its default
+  even though its `Annotated[..., Field(default=...)]` type has one (Model Zoo's
+  `config/utils.py:134`), which older pydantic left optional. That is how
+  `trainer/validate.py:137,247` default the optimizer's `params` and each scheduler's
+  `optimizer`, which `configure_trainer_from_config` passes in itself: `_params` names
+  them (`params: []`, `optimizer: None`).
+- pydantic >= 2.10 calls a wrap serializer's handler without the `info` that
+  `trainer/validate.py:99` passes it: pydantic warns at every config dump and falls back
+  to its plain dump (the warnings are filtered).
+- torch 2.13's `TreeSpec` cannot be rebuilt with `dataclasses.replace`
+  (`trainer/validate.py:610`, turning tuples into lists when the config is dumped): the
+  dump's tuples become lists after `tree_unflatten` instead.
+- Model Zoo imports modules it does not use in training (`lm_eval`, `bigcode_eval`,
+  `wandb`, `jsonschema`, `datasets`): inert stand-ins, as tests/modelzoo/common.py has.
+"""
+import contextlib
+import importlib.util
+import inspect
+import logging
+import math
+import os
+import re
+import sys
+import warnings
+from typing import Optional
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import cerebras.pytorch as cstorch
+from tests.modelzoo import common
+from tests.modelzoo.common import SEQ, VOCAB
+
+PARAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "params_gpt2_tiny.yaml")
+EXTRA_STAND_INS = ("lm_eval", "bigcode_eval", "wandb", "jsonschema", "datasets")
+STEPS, CKPT_STEPS, BATCH = 4, 2, 4
+RTOL = 1e-5
+
+
+def _tuples_to_lists(x):
+    if isinstance(x, (list, tuple)):
+        return [_tuples_to_lists(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _tuples_to_lists(v) for k, v in x.items()}
+    return x
+
+
+@contextlib.contextmanager
+def _modelzoo_runtime(monkeypatch):
+    """Model Zoo's trainer modules importable and runnable here (see the module docstring)."""
+    missing = [n for n in EXTRA_STAND_INS if importlib.util.find_spec(n) is None]
+    finder = common._StandInFinder(missing)
+    sys.meta_path.insert(0, finder)
+    try:
+        with common._stand_ins_for_missing_modules(), warnings.catch_warnings():
+            # Model Zoo's serializers are written for pydantic < 2.10's wrap-serializer
+            # call: pydantic warns at every dump and falls back to the plain dump.
+            warnings.filterwarnings("ignore", message="Pydantic serializer warnings")
+            warnings.filterwarnings("ignore", category=FutureWarning, module="cerebras.modelzoo")
+            warnings.filterwarnings("ignore", category=DeprecationWarning,
+                                    module="cerebras.modelzoo")
+            import cerebras.modelzoo.trainer.validate as validate
+            unflatten = validate.tree_unflatten
+            monkeypatch.setattr(validate, "TreeSpec", type("NoTreeSpec", (), {}))
+            monkeypatch.setattr(validate, "tree_unflatten",
+                                lambda values, spec: _tuples_to_lists(unflatten(values, spec)))
+            yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [n for n in sys.modules if n.split(".")[0] in finder.names]:
+            del sys.modules[name]
+
+
+def _params(model_dir, data_dir, max_steps=STEPS, ckpt_path=None):
+    with open(PARAMS) as f:
+        params = yaml.safe_load(f)
+    init, fit = params["trainer"]["init"], params["trainer"]["fit"]
+    init["model_dir"] = str(model_dir)
+    init["loop"]["max_steps"] = max_steps
+    fit["train_dataloader"]["data_dir"] = str(data_dir)
+    if ckpt_path is not None:
+        fit["ckpt_path"] = str(ckpt_path)
+    # pydantic >= 2.10: the fields Model Zoo fills in at construction must be named.
+    for optimizer in init["optimizer"].values():
+        optimizer.setdefault("params", [])
+    for scheduler in init["schedulers"]:
+        for args in scheduler.values():
+            args.setdefault("optimizer", None)
+    return params
+
+
+def _write_samples(data_dir, samples=8 * BATCH, seed=0):
+    """`samples` rows of GptHDF5MapDataProcessor's 'sample' format: (N, 3, SEQ) int32, each
+    row [input_ids, attention_mask (the loss mask), labels (the inputs shifted by one)]."""
+    data_dir.mkdir()
+    tokens = np.random.default_rng(seed).integers(0, VOCAB, (samples, SEQ + 1), dtype=np.int32)
+    data = np.stack([tokens[:, :-1], np.ones((samples, SEQ), np.int32), tokens[:, 1:]], axis=1)
+    with h5py.File(data_dir / "data-000000.h5", "w") as f:
+        f.create_dataset("data", data=data)
+
+
+@contextlib.contextmanager
+def _restoring_logging():
+    """The Trainer configures logging for its process (root handlers to stdout and its
+    run.log, INFO level, an excepthook): put back what the test process had."""
+    root = logging.getLogger()
+    level, handlers, excepthook = root.level, list(root.handlers), sys.excepthook
+    try:
+        yield
+    finally:
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        sys.excepthook = excepthook
+
+
+def _fit(params, monkeypatch):
+    with _modelzoo_runtime(monkeypatch), _restoring_logging():
+        from cerebras.modelzoo.trainer.utils import cached_cstorch_backend, run_trainer
+        # Each fit on a new backend, as a new `cszoo fit` process has (Model Zoo keeps the
+        # backend of the last trainer for the next one in the same process).
+        cached_cstorch_backend.cache_clear()
+        run_trainer("train", params)
+
+
+def _scalars(model_dir, name):
+    reader = cstorch.utils.tensorboard.SummaryReader(str(model_dir / "events"))
+    return {e.step: e.value for e in reader.read_scalar(name)}
+
+
+def _logged_losses(model_dir):
+    """The losses the ProgressLogger wrote to the run's log, by step."""
+    text = (model_dir / "latest_run.log").read_text()
+    return {int(step): float(loss)
+            for step, loss in re.findall(r"\| Train Device=CPU, Step=(\d+), Loss=([^,]+),", text)}
+
+
+def _checkpoints(model_dir):
+    """The checkpoints the Trainer lists in its index, in the order it wrote them."""
+    with open(model_dir / "checkpoints_index.yaml") as f:
+        return yaml.safe_load(f)
+
+
+def _assert_states_close(actual, expected):
+    """Two state dicts (of tensors) with the same keys, equal within RTOL of each tensor's
+    scale."""
+    assert sorted(actual) == sorted(expected)
+    for key, e in expected.items():
+        a, e = common.to_numpy(actual[key]), common.to_numpy(e)
+        np.testing.assert_allclose(a, e, rtol=RTOL, atol=RTOL * np.max(np.abs(e)), err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def first_fit(tmp_path_factory):
+    """The params YAML fitted for STEPS steps from scratch: (data dir, model dir)."""
+    tmp_path = tmp_path_factory.mktemp("trainer")
+    data_dir, model_dir = tmp_path / "data", tmp_path / "model_dir"
+    _write_samples(data_dir)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.chdir(tmp_path)
+        _fit(_params(model_dir, data_dir), monkeypatch)
+    return data_dir, model_dir
+
+
+def _load_checkpoints(model_dir):
+    """{step: state} of the checkpoints the Trainer lists, checked to be where it says, in
+    cstorch's HDF5 format, each with the model, optimizer, scheduler and dataloader state."""
+    expected = [str(model_dir / f"checkpoint_{s}.mdl")
+                for s in range(CKPT_STEPS, STEPS + 1, CKPT_STEPS)]
+    assert _checkpoints(model_dir) == expected
+    reference = common.build("gpt2", loss_scaling="num_tokens").state_dict()
+    states = {}
+    for path in expected:
+        assert h5py.is_hdf5(path)
+        state = cstorch.load(path)
+        step = int(path.rsplit("_", 1)[1].split(".")[0])
+        assert state["global_step"] == step
+        model_state = state["model"]
+        assert sorted(model_state) == sorted(reference)   # the GPT-2 the YAML describes
+        for key, value in model_state.items():
+            assert isinstance(value, torch.Tensor) and value.shape == reference[key].shape, key
+        opt = state["optimizer"]
+        assert {"state", "param_groups"} <= set(opt)
+        assert len(opt["param_groups"]) == 2   # Model Zoo's decay / no-decay groups
+        assert {"exp_avg", "exp_avg_sq"} <= {k for s in opt["state"].values() for k in s}
+        assert state["schedulers"][0]["last_epoch"] == step
+        assert state["dataloader"]["samples_streamed"] == step * BATCH
+        states[step] = state
+    return states
+
+
+def test_trainer_fits_tiny_gpt2_from_params_yaml(first_fit):
+    _, model_dir = first_fit
+
+    # Losses: finite, one per step, in TensorBoard and in the progress log alike.
+    losses = _scalars(model_dir, "loss")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert all(math.isfinite(v) for v in losses.values())
+    assert abs(losses[1] - math.log(VOCAB)) < 0.5   # a fresh model's loss is near ln(V)
+    logged = _logged_losses(model_dir)
+    assert sorted(logged) == sorted(losses)
+    for step, loss in logged.items():
+        assert loss == pytest.approx(losses[step], rel=1e-4)
+    # What the default callbacks compute inside the traced step comes out too.
+    for name in ("model_wise_grad_norm", "model_wise_params_norm", "lr/0"):
+        values = _scalars(model_dir, name)
+        assert len(values) == STEPS and all(math.isfinite(v) for v in values.values()), name
+
+    states = _load_checkpoints(model_dir)
+    moved = [k for k, v in states[STEPS]["model"].items()
+             if not torch.equal(v, states[CKPT_STEPS]["model"][k])]
+    assert moved, "the parameters did not change between the checkpoints"
+
+
+def test_trainer_resumes_from_its_checkpoint(first_fit, tmp_path, monkeypatch):
+    """Resuming from the step-2 checkpoint (model, optimizer, scheduler, global step and
+    dataloader position) continues the same run: the same losses and final state."""
+    data_dir, model_dir = first_fit
+    losses = _scalars(model_dir, "loss")
+    states = _load_checkpoints(model_dir)
+    monkeypatch.chdir(tmp_path)
+    resumed_dir = tmp_path / "resumed"
+
+    _fit(_params(resumed_dir, data_dir, ckpt_path=model_dir / f"checkpoint_{CKPT_STEPS}.mdl"),
+         monkeypatch)
+
+    resumed_losses = _scalars(resumed_dir, "loss")
+    assert sorted(resumed_losses) == list(range(CKPT_STEPS + 1, STEPS + 1))
+    np.testing.assert_allclose([resumed_losses[s] for s in sorted(resumed_losses)],
+                               [losses[s] for s in sorted(resumed_losses)], rtol=RTOL)
+    assert _checkpoints(resumed_dir) == [str(resumed_dir / f"checkpoint_{STEPS}.mdl")]
+    final = cstorch.load(str(resumed_dir / f"checkpoint_{STEPS}.mdl"))
+    expected = states[STEPS]
+    assert final["global_step"] == STEPS
+    assert final["dataloader"]["samples_streamed"] == STEPS * BATCH
+    assert final["schedulers"] == expected["schedulers"]
+    _assert_states_close(final["model"], expected["model"])
+    assert sorted(final["optimizer"]["state"]) == sorted(expected["optimizer"]["state"])
+    for key, slots in expected["optimizer"]["state"].items():
+        _assert_states_close(final["optimizer"]["state"][key], slots)
+    assert final["optimizer"]["param_groups"] == expected["optimizer"]["param_groups"]
+
+
+def test_what_the_trainer_reads_from_cstorch():
+    """The cstorch surface the Trainer uses beyond a plain training loop, checked directly:
+    its checkpoint `Schedule.Range` arithmetic, `@cstorch.trace` on a method, the compiled
+    model's `device`, `backend.is_tracing` and `backend._impl`, and the optimizer
+    annotations its config classes are built from."""
+    Range = cstorch.utils.data.Schedule.Range
+    r = Range(start=1, end=8, step=3, include_last=True)    # 1, 4, 7: 7 is the last anyway
+    assert list(r) == [1, 4, 7] and len(r) == 3 and r.range() == range(1, 8, 3)
+    r = Range(start=1, end=9, step=3, include_last=True)    # 1, 4, 7 and the last step, 8
+    assert list(r) == [1, 4, 7, 8] and len(r) == 4 and len(r.range()) == 3
+    assert [r.next_immediate_step(i) for i in (0, 1, 2, 4, 5, 8)] == [1, 1, 4, 4, 7, 10]
+    with pytest.raises(TypeError, match="unbounded"):
+        len(Range(start=0))
+
+    backend = cstorch.backend("CPU")
+    assert backend._impl is backend
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    compiled = cstorch.compile(model, backend)
+    assert model.device == backend.torch_device
+
+    class Loop:
+        def __init__(self):
+            self.tracing = []
+
+        @cstorch.trace
+        def step(self, x):
+            self.tracing.append(backend.is_tracing)   # Python runs once: at capture
+            return compiled(x).sum()
+
+        same_step = step
+
+    a, b = Loop(), Loop()
+    assert a.step is a.step and a.step is not b.step and Loop.step is Loop.__dict__["step"]
+    assert a.same_step is a.step
+    x = torch.ones(4, 3)
+    with torch.no_grad():
+        expected = float(model(x).sum())
+    assert float(a.step(x)) == pytest.approx(expected)
+    assert float(a.step(x)) == pytest.approx(expected)
+    assert float(b.step(x)) == pytest.approx(expected)
+    assert a.tracing == [True] and b.tracing == [True] and not backend.is_tracing
+    assert a.step.captures == 1 and a.step.name == "step"
+
+    from cerebras.appliance.utils.classes import retrieve_all_subclasses
+    from cerebras.pytorch.optim.optimizer import ParamsT
+    annotated = 0
+    for cls in retrieve_all_subclasses(cstorch.optim.Optimizer):
+        params = inspect.signature(cls.__init__).parameters
+        if "lr" in params:
+            assert params["params"].annotation is ParamsT, cls
+            assert params["lr"].annotation in (float, Optional[float]), cls
+            annotated += 1
+    assert annotated >= 14
