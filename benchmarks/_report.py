@@ -1,7 +1,8 @@
 """Each benchmark owns one section of docs/benchmarks.md, between markers with its name."""
 import os
 
-DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "benchmarks.md")
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                   "benchmarks.md")
 
 
 def write_section(name: str, markdown: str):

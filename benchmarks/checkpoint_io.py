@@ -84,7 +84,8 @@ def _round(d, state, total):
     cp = os.path.join(d, "state.mdl")
     times["cstorch.save"], _ = _timed(lambda: cstorch.save(state, cp))
     _drop_cache(cp)
-    times['cstorch.load(map_location="cpu")'], out = _timed(lambda: cstorch.load(cp, map_location="cpu"))
+    times['cstorch.load(map_location="cpu")'], out = _timed(
+        lambda: cstorch.load(cp, map_location="cpu"))
     assert all(torch.equal(out[k], v) for k, v in state.items())
     del out
     _drop_cache(cp)

@@ -41,15 +41,29 @@ print(json.dumps({"first_step_s": time.perf_counter() - start, "xla_s": wafer.co
 """
 
 
-def main():
+RUNS = ("cold compile_dir", "warm compile_dir")
+
+
+def cold_and_warm():
+    """{run: result} for one new compile_dir: a cold then a warm fresh process, each
+    result {"first_step_s", "xla_s", "compiled", "loss"}."""
     cache = tempfile.mkdtemp(prefix="cstorch-compile-dir-")
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
-    print("| run | first step (s) | of which XLA compile or cache read (s) | step programs compiled |")
-    print("|---|---|---|---|")
-    for run in ("cold compile_dir", "warm compile_dir"):
+    results = {}
+    for run in RUNS:
         proc = subprocess.run([sys.executable, "-c", SCRIPT, cache], env=env, cwd=ROOT,
-                              capture_output=True, text=True, check=True)
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
+                              capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"the {run} process failed:\n{proc.stderr[-2000:]}")
+        results[run] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return results
+
+
+def main():
+    print("| run | first step (s) | of which XLA compile or cache read (s) "
+          "| step programs compiled |")
+    print("|---|---|---|---|")
+    for run, r in cold_and_warm().items():
         print(f"| {run} | {r['first_step_s']:.2f} | {r['xla_s']:.2f} | {r['compiled']} |")
 
 

@@ -27,22 +27,24 @@ def make_model():
                                torch.nn.Linear(WIDTH, CLASSES))
 
 
+def jax_loss(ps, x, y):
+    """The MLP's cross-entropy in JAX; `ps` are its parameters in `parameters()` order."""
+    h = x
+    for i in range(0, len(ps) - 2, 2):
+        h = jax.nn.relu(h @ ps[i].T + ps[i + 1])
+    logits = h @ ps[-2].T + ps[-1]
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
+
+
 def jax_peer(model):
     """The same model and update written by hand in JAX."""
     params = [jnp.asarray(p.detach().numpy()) for p in model.parameters()]
     bufs = [jnp.zeros_like(p) for p in params]
 
-    def loss_fn(ps, x, y):
-        h = x
-        for i in range(0, len(ps) - 2, 2):
-            h = jax.nn.relu(h @ ps[i].T + ps[i + 1])
-        logits = h @ ps[-2].T + ps[-1]
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
-
     @jax.jit
     def step(state, x, y):
         ps, bs = state
-        loss, grads = jax.value_and_grad(loss_fn)(ps, x, y)
+        loss, grads = jax.value_and_grad(jax_loss)(ps, x, y)
         bs = [MOMENTUM * b + g for b, g in zip(bs, grads)]
         ps = [p - LR * b for p, b in zip(ps, bs)]
         return (ps, bs), loss
@@ -94,10 +96,10 @@ def cstorch_peer(model):
 
 def one_pass(run, batches, every):
     """Milliseconds per step over one pass over `batches`, the loss read on the host every
-    `every` steps and after the last one."""
+    `every` steps and after the last one. A batch is a tuple of the step's arguments."""
     start = time.perf_counter()
-    for i, (x, y) in enumerate(batches):
-        last = run(x, y, i % every == 0)
+    for i, batch in enumerate(batches):
+        last = run(*batch, i % every == 0)
     last.item() if isinstance(last, torch.Tensor) else float(last)
     return (time.perf_counter() - start) / len(batches) * 1e3
 
@@ -106,8 +108,8 @@ def rows(steps=300, repeats=5):
     """(peer, median ms/step, min, max, speed relative to the hand-written JAX step). The
     peers take turns pass by pass, so a slow spell of the machine hits them all alike."""
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(BATCH, WIDTH, generator=g), torch.randint(0, CLASSES, (BATCH,), generator=g))
-               for _ in range(steps)]
+    batches = [(torch.randn(BATCH, WIDTH, generator=g),
+                torch.randint(0, CLASSES, (BATCH,), generator=g)) for _ in range(steps)]
     base = make_model()
     traced = cstorch_peer(copy.deepcopy(base))  # one backend per process, as in the real API
     by_hand = jax_peer(base)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 import torch
+import torch.utils._pytree as pytree
 from tqdm.auto import tqdm
 
 from cstorch.utils.data.dataloader import DataLoader
@@ -45,6 +46,17 @@ class DataExecutor:
       honoured: `cs_config` lays out the streaming workers when the CSX backend has no
       `cluster_config`, `writer` receives `summarize_scalar`/`summarize_tensor` values,
       `micro_batch_size` sets `cstorch.backends.csx.performance.micro_batch_size`.
+    - `prefetch` (not in the reference; off by default): upload each batch's tensors to
+      the backend's devices, laid out as a step's inputs are, and read and upload the next
+      step's batch as soon as a traced step has been dispatched, while it runs. The loop
+      then gets device tensors (a step called with them is a capture apart from one called
+      with host tensors). On the CPU it costs more than it saves (a step reads a host batch
+      where it lies), and an uploaded tensor may share memory with the loader's tensor,
+      which must not be written afterwards. The next batch is not read ahead on the last
+      step, on a checkpoint step, nor at all for a dataloader that saves its position when
+      no `checkpoint_steps` are given: a `dataloader.state_dict()` taken in the loop stays
+      exact. A batch read ahead that the loop leaves unused (`break`) is the first batch of
+      the next executor on that loader.
 
     An executor is iterated once. While it runs, `cstorch.current_executor()` returns it:
     `iteration` is the zero-based index of the current step, `user_iteration` the
@@ -54,7 +66,8 @@ class DataExecutor:
     def __init__(self, dataloader: DataLoader, num_steps: Optional[int] = None,
                  checkpoint_steps: Optional[Union[int, Schedule]] = None,
                  activation_steps: Optional[int] = None, cs_config=None, writer=None,
-                 profiler_activities=None, micro_batch_size=None):
+                 profiler_activities=None, micro_batch_size=None,
+                 prefetch: bool = False):
         from cstorch.backend import current_backend_impl
         if not isinstance(dataloader, DataLoader):
             raise TypeError("DataExecutor expects a cstorch.utils.data.DataLoader, got "
@@ -113,6 +126,10 @@ class DataExecutor:
         self._used = False
         self._artifact_dir: Optional[Path] = None
         self.last_output: Optional[torch.Tensor] = None
+        self.prefetch = prefetch
+        self._upload = None   # batch -> the batch on the devices, while prefetching
+        self._reads_ahead = False
+        self._ahead = None    # (host batch, uploaded batch) of the next step, or its error
 
     @staticmethod
     def _use_cs_config(cs_config, backend, dataloader):
@@ -206,16 +223,90 @@ class DataExecutor:
         progress = _Progress(self)
         self.profiler.on_start()
         try:
+            self._start_prefetch()
             for index in range(self.num_steps):
-                batch = self.dataloader.next_batch()
+                batch = self._next_batch()
                 self.iteration = index
                 yield batch
                 self.profiler.on_step(batch, infer_batch_size(batch) or 0)
                 progress.update()
         finally:
+            if isinstance(self._ahead, tuple):   # left unused: the next executor's first batch
+                self.dataloader.__dict__[_UNUSED] = self._ahead[0]
+            self._ahead = None
             self.profiler.on_stop()
             progress.close()
             _current = outer
+
+    # prefetching -------------------------------------------------------------------------
+    def _start_prefetch(self):
+        from cstorch.backend import current_backend_impl
+        backend = self.backend or current_backend_impl(raise_exception=False)
+        if not self.prefetch or backend is None or not backend.executes or backend.distributed:
+            return
+        self._upload = _uploader(backend.mesh)
+        first = self.dataloader.dataloader
+        saves_position = self.dataloader.is_restartable() or hasattr(first, "state_dict")
+        self._reads_ahead = self.checkpoint_steps is not None or not saves_position
+
+    def _next_batch(self):
+        ahead, self._ahead = self._ahead, None
+        if isinstance(ahead, BaseException):
+            raise ahead
+        if ahead is not None:
+            return ahead[1]
+        batch = self.dataloader.__dict__.pop(_UNUSED, _UNUSED)
+        if batch is _UNUSED:
+            batch = self.dataloader.next_batch()
+        return batch if self._upload is None else self._upload(batch)
+
+    def _read_ahead(self):
+        """Read and upload the next step's batch (called once a step was dispatched)."""
+        if (self._ahead is not None or self.iteration < 0
+                or self.iteration + 1 >= self.num_steps or self.on_checkpoint_step()):
+            return
+        self._ahead = _READING   # a step the loader itself runs reads nothing ahead
+        try:
+            batch = self.dataloader.next_batch()
+            self._ahead = (batch, self._upload(batch))
+        except Exception as e:  # raised where the loop asks for that batch
+            self._ahead = e
+
+
+_UNUSED = "_cstorch_executor_unused_batch"   # where a DataLoader keeps a batch left unused
+_READING = object()
+
+
+def _uploader(mesh):
+    """batch -> the batch with every plain tensor on `mesh`'s devices as a step input is
+    (split over the batch axes, in the dtype the step computes it in), as a `DeviceTensor`;
+    other leaves stay as they are. One `jax.device_put` takes all of a batch's tensors. No
+    host copy is made beyond a dtype conversion (int64 to int32) the step would make itself."""
+    import jax
+
+    import wafer
+    from bridge.convert import tensor_to_input
+    from bridge.device_tensor import DeviceTensor
+
+    def upload(batch):
+        leaves, spec = pytree.tree_flatten(batch)
+        picked, hosts = [], []
+        for i, t in enumerate(leaves):
+            if type(t) is torch.Tensor and not t.requires_grad:
+                try:
+                    hosts.append(tensor_to_input(t))
+                except TypeError:   # a dtype JAX has no equivalent of: left as it is
+                    continue
+                picked.append(i)
+        if not picked:
+            return batch
+        arrays = jax.device_put(hosts, [wafer.batch_sharding(mesh, h.shape) for h in hosts])
+        for i, array in zip(picked, arrays):
+            t = leaves[i]
+            leaves[i] = DeviceTensor.of(array, t.dtype, tuple(t.shape))
+        return pytree.tree_unflatten(leaves, spec)
+
+    return upload
 
 
 class _Progress:
@@ -276,9 +367,12 @@ def is_activation_step() -> bool:
 
 
 def note_step_output(results) -> None:
-    """Keep a traced step's scalar result for the progress bar (read only when shown)."""
+    """Keep a traced step's scalar result for the progress bar (read only when shown);
+    called once a step has been dispatched, so a prefetching executor reads ahead here."""
     if _current is None:
         return
     first = results[0] if isinstance(results, (tuple, list)) and results else results
     if isinstance(first, torch.Tensor) and first.dim() == 0 and first.is_floating_point():
         _current.last_output = first
+    if _current._reads_ahead:
+        _current._read_ahead()

@@ -1,0 +1,107 @@
+"""DataExecutor(prefetch=True): batches uploaded as device tensors, the next one read while
+the step runs, never across a checkpoint step or past the run, and the same training."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cerebras.pytorch as cstorch
+from bridge.device_tensor import DeviceTensor
+from cerebras.pytorch.utils.data import DataExecutor, DataLoader
+
+
+def _data(n=6):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(4, 3, generator=g), torch.randint(0, 2, (4,), generator=g))
+            for _ in range(n)]
+
+
+class _Counted:
+    """An iterable over `data` that counts the batches taken from it."""
+
+    def __init__(self, data, fail_at=None, with_state=False):
+        self.data, self.taken, self.fail_at = data, 0, fail_at
+        if with_state:
+            self.state_dict = lambda: {"taken": self.taken}
+
+    def __iter__(self):
+        for batch in self.data:
+            if self.taken == self.fail_at:
+                raise ValueError("bad batch")
+            self.taken += 1
+            yield batch
+
+
+def _step():
+    cstorch.backend("CPU")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    compiled = cstorch.compile(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @cstorch.trace
+    def step(x, y):
+        loss = F.cross_entropy(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+    return step
+
+
+def test_prefetched_batches_are_device_tensors_with_the_same_values_and_training():
+    data = _data()
+    plain = _step()
+    expected = [float(plain(x, y)) for x, y in DataExecutor(DataLoader(lambda: data))]
+    step = _step()
+    losses = []
+    for i, (x, y) in enumerate(DataExecutor(DataLoader(lambda: data), prefetch=True)):
+        assert isinstance(x, DeviceTensor) and isinstance(y, DeviceTensor)
+        assert y.dtype == torch.int64
+        assert torch.equal(x.host(), data[i][0]) and torch.equal(y.host(), data[i][1])
+        losses.append(float(step(x, y)))
+    assert losses == expected
+    assert step.captures == 1
+
+
+def test_the_next_batch_is_read_once_a_step_is_dispatched_but_not_after_a_checkpoint_step():
+    step, source = _step(), _Counted(_data())
+    executor = DataExecutor(DataLoader(lambda: source), num_steps=6, checkpoint_steps=3,
+                            prefetch=True)
+    taken = []
+    for x, y in executor:
+        before = source.taken
+        step(x, y)
+        taken.append((before, source.taken))
+    # read ahead after steps 1, 2, 4, 5; not after the checkpoint step 3 nor the last one
+    assert taken == [(1, 2), (2, 3), (3, 3), (4, 5), (5, 6), (6, 6)]
+
+
+def test_a_loader_that_saves_its_position_is_not_read_ahead_without_checkpoint_steps():
+    step, source = _step(), _Counted(_data(), with_state=True)
+    for x, y in DataExecutor(DataLoader(lambda: source), num_steps=5, prefetch=True):
+        step(x, y)
+        assert source.taken == cstorch.current_executor().user_iteration
+
+
+def test_a_batch_read_ahead_and_left_unused_starts_the_next_executor():
+    step, data = _step(), _data()
+    loader = DataLoader(lambda: data)
+    seen = []
+    for x, y in DataExecutor(loader, num_steps=6, prefetch=True):
+        seen.append(x.host())
+        step(x, y)
+        if len(seen) == 2:
+            break   # batch 3 was read ahead
+    for x, y in DataExecutor(loader, num_steps=2):
+        seen.append(x)
+    assert all(torch.equal(a, b[0]) for a, b in zip(seen, data[:4]))
+
+
+def test_a_loader_error_while_reading_ahead_is_raised_where_the_loop_asks_for_the_batch():
+    step, source = _step(), _Counted(_data(), fail_at=2)
+    done = []
+    with pytest.raises(ValueError, match="bad batch"):
+        for x, y in DataExecutor(DataLoader(lambda: source), num_steps=4, prefetch=True):
+            step(x, y)   # the read ahead after step 2 fails: not here
+            done.append(cstorch.current_executor().user_iteration)
+    assert done == [1, 2]
