@@ -92,6 +92,10 @@ class Program:
     micro_batch_size: int | None = None   # None: the batch runs whole
     explored: Any = None      # micro_batch.ExploreResult of an "explore" program, which trains nothing
     finite_check: Any = None  # what each flag of the last output covers (debug.check_finite)
+    unread_grads: frozenset = frozenset()   # positions in grad_inputs the program never reads
+    # An unread gradient input still needs an array of its shape: the first one passed is
+    # kept and passed again, instead of slicing the pending gradient out every call.
+    unread_grad_arrays: dict = field(default_factory=dict)
 
 
 class UnregisteredModule(Exception):
@@ -446,6 +450,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
     return Program(graph, jax_fn, compiled, list(state.names), grad_in, grad_out, grad_rule,
                    hyper, info["results"], info["dtypes"], info["shapes"], ctx.closures,
                    uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=layout,
+                   unread_grads=_unread_grad_inputs(compiled.jaxpr(), n, len(grad_in)),
                    grad_source=GradSource(),
                    finite_check=getattr(lowered, "checked", None) if check_finite else None)
 
@@ -490,6 +495,16 @@ def _pack(grads, layout):
     for g, (f, _, _) in zip(grads, layout):
         parts.setdefault(f, []).append(g.reshape(-1))
     return [jax.numpy.concatenate(parts[f]) for f in sorted(parts)]
+
+
+def _unread_grad_inputs(closed_jaxpr, first: int, count: int) -> frozenset:
+    """Positions among the gradient inputs (the jaxpr's inputs `first` to `first + count`)
+    that the program never reads: a step that clears the gradients (`zero_grad`) before
+    its backward pass takes the pending ones as inputs without using them."""
+    jaxpr = closed_jaxpr.jaxpr
+    used = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
+    return frozenset(k for k, v in enumerate(jaxpr.invars[first:first + count])
+                     if id(v) not in used)
 
 
 def _reads_last_input(closed_jaxpr) -> bool:

@@ -235,7 +235,10 @@ class TracedStep:
             return self._not_executed(program, backend)
         if backend.drops_data == "drop_data" and state.complete_at != state.version:
             _check_values(state)
-        grads_in = [_grad_param(state, i).grad_array() for i in program.grad_inputs]
+        if program.unread_grads:
+            grads_in = _grad_arguments(state, program)
+        else:
+            grads_in = [_grad_param(state, i).grad_array() for i in program.grad_inputs]
         inputs = [tensor_to_input(t) for t in call.tensors]
         if backend.distributed:
             inputs = global_inputs(inputs, program.compiled.input_shardings,
@@ -339,6 +342,21 @@ def _bind_grads(state, program):
             where = None if k is None else layout[k] if layout is not None else (k, None, None)
             e.tensor.grad_slot().bind(program.grad_source, where)
     state.grads_from, program.grads_bound = program, state.version
+
+
+def _grad_arguments(state, program) -> list:
+    """The gradient inputs of a program that leaves some of them unread: those are passed
+    the array kept from the first call (any array of the right shape will do)."""
+    kept = program.unread_grad_arrays
+    args = []
+    for k, i in enumerate(program.grad_inputs):
+        if k in program.unread_grads:
+            if k not in kept:
+                kept[k] = _grad_param(state, i).grad_array()
+            args.append(kept[k])
+        else:
+            args.append(_grad_param(state, i).grad_array())
+    return args
 
 
 def _rng(backend):

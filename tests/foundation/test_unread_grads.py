@@ -1,0 +1,66 @@
+"""A program captured while gradients are pending takes them as inputs; when the step
+clears them before its backward pass they are unread, and each call must not slice them
+out of the last step's packed gradients again."""
+import copy
+
+import numpy as np
+import torch
+
+import cerebras.pytorch as cstorch
+
+
+def _setup(clear_first: bool):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    reference = copy.deepcopy(model)
+    compiled = cstorch.compile(model, cstorch.backend("CPU"))
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @cstorch.trace
+    def step(x, y):
+        if clear_first:
+            optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(compiled(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return model, reference, step
+
+
+def _batches():
+    g = torch.Generator().manual_seed(1)
+    for n in (32, 32, 16, 16, 16):   # the batch size changes: a second capture
+        yield torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def _eager(reference, clear_first):
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for x, y in _batches():
+        if clear_first:
+            optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(reference(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_cleared_pending_gradients_are_not_read_and_values_still_match():
+    model, reference, step = _setup(clear_first=True)
+    losses = [float(step(x, y)) for x, y in _batches()]
+    np.testing.assert_allclose(losses, _eager(reference, True), rtol=1e-5)
+    second = [p for programs in step.programs.values() for p in programs][-1]
+    assert len(second.grad_inputs) == 4 and second.unread_grads == frozenset(range(4))
+    assert len(second.unread_grad_arrays) == 4   # kept once, passed again on later calls
+    for a, b in zip(model.parameters(), reference.parameters()):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_accumulated_gradients_stay_inputs():
+    model, reference, step = _setup(clear_first=False)   # gradients add up across steps
+    losses = [float(step(x, y)) for x, y in _batches()]
+    np.testing.assert_allclose(losses, _eager(reference, False), rtol=1e-5)
+    second = [p for programs in step.programs.values() for p in programs][-1]
+    assert second.grad_inputs and not second.unread_grads
