@@ -43,7 +43,9 @@ class GradScaler:
     [`min_loss_scale`, `max_loss_scale`] (2**-14, 2**15). `max_gradient_norm`, when given,
     clips the unscaled gradients to that global norm before the optimizer step.
     `overflow_tolerance` (a fraction of steps allowed to overflow without lowering the
-    scale) is not supported here: any other value than 0 is refused.
+    scale) is not supported here: any other value than 0 is refused. With several
+    optimizers, a non-finite gradient of any of them skips the step of each optimizer
+    stepped after it was unscaled (torch's scaler decides per optimizer).
     """
 
     def __init__(self, loss_scale: Optional[Union[str, float]] = None,

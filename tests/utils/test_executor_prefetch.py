@@ -105,3 +105,14 @@ def test_a_loader_error_while_reading_ahead_is_raised_where_the_loop_asks_for_th
             step(x, y)   # the read ahead after step 2 fails: not here
             done.append(cstorch.current_executor().user_iteration)
     assert done == [1, 2]
+
+
+def test_prefetch_on_a_backend_that_does_not_execute_warns_and_reads_lazily():
+    cstorch.backend("CSX", compile_only=True)
+    loader = _Counted(_data(3))
+    executor = DataExecutor(DataLoader(lambda: loader), num_steps=3, prefetch=True)
+    with pytest.warns(UserWarning, match=r"prefetch=True\) has no effect here: the backend "
+                                         r"does not execute steps"):
+        batches = iter(executor)
+        first = next(batches)
+    assert not isinstance(first[0], DeviceTensor) and loader.taken == 1

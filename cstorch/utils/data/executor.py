@@ -242,7 +242,14 @@ class DataExecutor:
     def _start_prefetch(self):
         from cstorch.backend import current_backend_impl
         backend = self.backend or current_backend_impl(raise_exception=False)
-        if not self.prefetch or backend is None or not backend.executes or backend.distributed:
+        if not self.prefetch:
+            return
+        if backend is None or not backend.executes or backend.distributed:
+            why = ("no backend exists" if backend is None else
+                   "the backend does not execute steps" if not backend.executes else
+                   "a multi-process run assembles each global batch from the processes' parts")
+            warnings.warn(f"DataExecutor(prefetch=True) has no effect here: {why}; batches are "
+                          f"read when the loop asks for them", stacklevel=3)
             return
         self._upload = _uploader(backend.mesh)
         first = self.dataloader.dataloader
