@@ -51,9 +51,13 @@ def torch_compile(workload, model):
     return _torch_step(workload, torch.compile(model), optimizer)
 
 
+# Where the cstorch peer's backend writes its artifacts (the optimised HLO among them).
+CSTORCH_ARTIFACTS = os.path.join(tempfile.gettempdir(), "cstorch_bench_logs")
+
+
 def cstorch_step(workload, model):
     """The traced step itself, taking the batch's tensors as arguments."""
-    cstorch.backend("CPU", artifact_dir=os.path.join(tempfile.gettempdir(), "cstorch_bench_logs"))
+    cstorch.backend("CPU", artifact_dir=CSTORCH_ARTIFACTS)
     compiled = cstorch.compile(model)
     name, kwargs = workload.OPTIMIZER
     optimizer = getattr(cstorch.optim, name)(model.parameters(), **kwargs)
@@ -70,8 +74,11 @@ def cstorch_step(workload, model):
 
 
 def cstorch_peer(workload, model):
-    step = cstorch_step(workload, model)
+    return reading(cstorch_step(workload, model))
 
+
+def reading(step):
+    """`step` as a peer: `run(*batch, read)`."""
     def run(*args):
         *batch, read = args
         loss = step(*batch)

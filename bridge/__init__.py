@@ -2,7 +2,7 @@
 
 `bridge` knows torch and jax only; it knows nothing of cstorch or the emulated wafer.
 """
-from bridge.capture import capture, decompositions
+from bridge.capture import CaptureStats, capture, capture_stats, decompositions
 from bridge.convert import (jax_to_tensor, numpy_to_tensor, tensor_to_input, tensor_to_jax,
                             tensor_to_numpy, to_jax_dtype, to_torch_dtype)
 from bridge.device_tensor import Absent, Cell, DeviceTensor
@@ -12,7 +12,8 @@ from bridge.lower import check_lowerable, lower, missing_lowerings
 from bridge.ops import LOWERINGS, lowering
 
 __all__ = [
-    "capture", "decompositions", "lower", "check_lowerable", "missing_lowerings", "LOWERINGS",
+    "capture", "capture_stats", "CaptureStats", "decompositions", "lower", "check_lowerable",
+    "missing_lowerings", "LOWERINGS",
     "lowering", "LoweringError", "TensorValueReadError", "tensor_to_jax", "tensor_to_numpy",
     "jax_to_tensor", "numpy_to_tensor", "tensor_to_input", "Absent", "Cell", "DeviceTensor",
     "to_jax_dtype", "to_torch_dtype", "to_jax", "DynamicShapeError",

@@ -13,7 +13,9 @@ import operator
 import os
 import sys
 import sysconfig
+import time
 import traceback
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -318,6 +320,18 @@ def decompositions():
     return table
 
 
+@dataclass
+class CaptureStats:
+    """Time this process spent capturing: `tracing_seconds` running functions on fake
+    tensors under autograd (the first pass), `functional_seconds` replaying those graphs
+    functionalised and decomposed to core ATen (the second); `captures` counts them."""
+    captures: int = 0
+    tracing_seconds: float = 0.0
+    functional_seconds: float = 0.0
+
+
+capture_stats = CaptureStats()
+
 _decompositions = [None, None]   # [len(LOWERINGS) it was built for, the table]
 
 # Core-ATen decompositions that compute something else than the op: the op's own lowering
@@ -369,6 +383,8 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     code = _anchor_stack_traces(user_fn if user_fn is not None else fn)
     token = _user_code.set((frozenset([code] if code else []),
                             tuple(os.path.join(os.path.abspath(d), "") for d in library)))
+    capture_stats.captures += 1
+    start = time.perf_counter()
     try:
         # Node meta kept in this pass gives forward ops their autograd `seq_nr`, which
         # `_gradients_marked` ties the backward ops to.
@@ -378,6 +394,8 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
                                      record_stack_traces=True)(*fakes(requires_grad))
     finally:
         _user_code.reset(token)
+        capture_stats.tracing_seconds += time.perf_counter() - start
+    start = time.perf_counter()
     _point_gradients_at_forward(autograd_graph)
     constants = _tensor_constants(autograd_graph)
 
@@ -396,6 +414,7 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     _constants_back(graph, list(constants.values()), len(inputs))
     graph.graph.eliminate_dead_code()
     graph.recompile()
+    capture_stats.functional_seconds += time.perf_counter() - start
     if check_lowerings:
         from bridge.lower import check_lowerable
         check_lowerable(graph)

@@ -24,6 +24,8 @@ class CompileStats:
     requested: int = 0
     cache_hits: int = 0
     seconds: float = 0.0   # spent in XLA compilation or reading the cache
+    lowering_seconds: float = 0.0   # tracing the JAX function and lowering it to StableHLO
+    artifact_seconds: float = 0.0   # writing jaxpr, StableHLO, HLO and analyses
 
     @property
     def compiled(self) -> int:

@@ -1,12 +1,13 @@
 """Compile a step's JAX function for a mesh, and write what the compiler made of it."""
 import json
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
 
-from wafer.cache import counted
+from wafer.cache import counted, stats
 from wafer.layout import batch_sharding, replicated, state_sharding
 
 
@@ -53,14 +54,18 @@ def compile_step(fn: Callable, args, *, mesh, artifact_dir: str | None = None,
     jitted = jax.jit(fn, in_shardings=(state_sh, grad_sh, replicated(mesh), input_sh,
                                        replicated(mesh)),
                      out_shardings=(state_sh, out_sh, out_sh), donate_argnums=(0,))
+    start = time.perf_counter()
     traced = jitted.trace(*args)
     lowered = traced.lower()
+    stats.lowering_seconds += time.perf_counter() - start
     executable = None
     if compile:
         with counted():
             executable = lowered.compile()
     if artifact_dir:
+        start = time.perf_counter()
         write_artifacts(traced, lowered, executable, artifact_dir, name)
+        stats.artifact_seconds += time.perf_counter() - start
     return CompiledStep(executable, traced, lowered, input_sh)
 
 

@@ -1,4 +1,6 @@
 """Pointwise ATen ops: arithmetic, comparisons, logic and activations."""
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -158,15 +160,46 @@ def addcdiv(x, t1, t2, value=1):
     return x + value * t1 / t2
 
 
+# Exact GELU as ATen computes it, x/2 (1 + erf(x/sqrt 2)), and its derivative
+# Phi(x) + x phi(x). jax.nn.gelu's erfc form expands to a longer polynomial with branches on
+# XLA's CPU: 2.7x the forward's time and 1.7x the backward's on gpt-small's (8, 128, 1024).
+_SQRT1_2 = 1 / math.sqrt(2)
+_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
+
+
+def _in_float32(fn):
+    """`fn` computed in float32 for half inputs, as ATen's CPU kernels do."""
+    def wrapped(*args):
+        half = args[-1].dtype in (jnp.float16, jnp.bfloat16)
+        out = fn(*(a.astype(jnp.float32) for a in args) if half else args)
+        return out.astype(args[-1].dtype) if half else out
+    return wrapped
+
+
+@_in_float32
+def _gelu(x):
+    return x * 0.5 * (1 + jax.lax.erf(x * _SQRT1_2))
+
+
+@_in_float32
+def _gelu_derivative(grad, x):
+    cdf = 0.5 * (1 + jax.lax.erf(x * _SQRT1_2))
+    return grad * (cdf + x * _INV_SQRT_2PI * jnp.exp(-0.5 * x * x))
+
+
 @lowering(aten.gelu.default)
 def gelu(x, approximate="none"):
-    return jax.nn.gelu(x, approximate=approximate == "tanh")
+    if approximate == "tanh":
+        return jax.nn.gelu(x, approximate=True)
+    return _gelu(x)
 
 
 @lowering(aten.gelu_backward.default)
 def gelu_backward(grad, x, approximate="none"):
-    _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), x)
-    return vjp(grad)[0]
+    if approximate == "tanh":
+        _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=True), x)
+        return vjp(grad)[0]
+    return _gelu_derivative(grad, x)
 
 
 @lowering(aten.leaky_relu.default)

@@ -128,6 +128,13 @@ class DataLoader:
 
     def _step(self, repeat: bool):
         workers = self.workers()
+        if len(workers) == 1:   # the common case, without the lists below (runs every step)
+            w = workers[0]
+            batch = w.next_batch(repeat)
+            w.worker_step += 1
+            w.samples_streamed += infer_batch_size(batch) or 0
+            self._steps += 1
+            return batch
         per = self._layout.num_workers_per_csx
         chosen = [workers[system * per + self._next_local] for system in range(self._layout.num_csx)]
         batches = [w.next_batch(repeat) for w in chosen]

@@ -116,6 +116,15 @@ class Schedule:
 def infer_batch_size(data: Any) -> Optional[int]:
     """The batch size of a (nested) batch: the first dimension of its first tensor that
     has one (in the structure's flattening order). None when no tensor has a dimension."""
+    # A tensor, or a tuple, list or dict whose first entry is one: answered without walking
+    # the whole structure (the executor asks once per step).
+    first = data
+    if type(first) in (tuple, list) and first:
+        first = first[0]
+    elif type(first) is dict and first:
+        first = next(iter(first.values()))
+    if isinstance(first, torch.Tensor) and first.dim() > 0:
+        return first.shape[0]
     for leaf in pytree.tree_leaves(data):
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
             return leaf.shape[0]

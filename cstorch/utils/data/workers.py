@@ -84,24 +84,31 @@ class Worker:
     def next_batch(self, repeat: bool):
         """The worker's next batch. At the end of a pass: with `repeat`, a new pass begins
         (a RuntimeError if it is empty); without, StopIteration."""
-        with self.active():
-            if self._iterator is None:
-                self._iterator = iter(self.loader)
-            try:
-                return next(self._iterator)
-            except StopIteration:
-                self._iterator = None
-                if not repeat:
-                    raise
+        # `active()` without the generator-based context manager: this runs every step.
+        token = _active_worker.set(self if self.streams else None)
+        try:
+            return self._next(repeat)
+        finally:
+            _active_worker.reset(token)
+
+    def _next(self, repeat: bool):
+        if self._iterator is None:
             self._iterator = iter(self.loader)
-            try:
-                return next(self._iterator)
-            except StopIteration:
-                self._iterator = None
-                raise RuntimeError(
-                    f"streaming worker {self.global_id}'s dataloader produced no batches in a "
-                    f"pass: its input_fn returned an empty dataloader (check the dataset's "
-                    f"size against the batch size, and drop_last)") from None
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._iterator = None
+            if not repeat:
+                raise
+        self._iterator = iter(self.loader)
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._iterator = None
+            raise RuntimeError(
+                f"streaming worker {self.global_id}'s dataloader produced no batches in a "
+                f"pass: its input_fn returned an empty dataloader (check the dataset's "
+                f"size against the batch size, and drop_last)") from None
 
     def reset_pass(self):
         self._iterator = None
