@@ -156,12 +156,20 @@ def first_step_table(r, gpt) -> str:
     if "error" in r:
         return f"first-step: failed: {r['error']}"
     cold = statistics.median([x["first_step_s"] for x in r["runs"][first_step.RUNS[0]]])
+    phases = ["| cstorch first step, fresh process | seconds | "
+              + " | ".join(first_step.PHASES.values()) + " | the rest |",
+              "| --- " * (len(first_step.PHASES) + 3) + "|"]
     for run, xs in r["runs"].items():
         med, lo, hi = _stats([x["first_step_s"] for x in xs])
         xla = statistics.median([x["xla_s"] for x in xs])
         compiled = "/".join(str(x["compiled"]) for x in xs)
         lines.append(f"| cstorch, CSX backend, fresh process, {run} | {med:.2f} | {lo:.2f}-{hi:.2f}"
                      f" | {xla:.2f} | {compiled} | {med / cold:.2f}x |")
+        if all(k in xs[0] for k in first_step.PHASES):   # medians of each part
+            parts = {k: statistics.median([x[k] for x in xs]) for k in first_step.PHASES}
+            phases.append(f"| {run} | {med:.2f} | "
+                          + " | ".join(f"{v:.2f}" for v in parts.values())
+                          + f" | {med - sum(parts.values()):.2f} |")
     if gpt and "peers" in gpt:   # the warm-up of the gpt-small workload, one process
         for peer in ORDER:
             p = gpt["peers"].get(peer, {})
@@ -169,6 +177,9 @@ def first_step_table(r, gpt) -> str:
                 s = p["first_step_s"]
                 lines.append(f"| {TITLES[peer]}, in the gpt-small process | {s:.2f} | | | | "
                              f"{s / cold:.2f}x |")
+    if len(phases) > 2:
+        lines += ["", "Where the cstorch first step goes (medians, seconds; `the rest` is running "
+                  "the step, placing the state and Python around them):", ""] + phases
     return "\n".join(lines)
 
 
