@@ -31,15 +31,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "OP-FAMILIES-RESULT "
 DEFAULT = ("gpt-small", "transformer-lm", "cnn")
 
-FAMILIES = ("matmul (linear layers)", "attention (batched matmuls, softmax, mask)",
+FAMILIES = ("matmul (linear layers)", "attention (batched matmuls, softmax)",
             "convolution and pooling", "normalisation", "embedding and its gradient",
-            "loss (log-softmax, NLL)", "elementwise (activations, residuals, dropout)",
+            "loss (log-softmax, NLL)", "elementwise (activations, masks, residuals)",
             "layout (transposes, copies, concatenation)", "optimizer update")
 
 _ATEN_FAMILY = {
     "matmul (linear layers)": "mm addmm linear matmul dot",
-    "attention (batched matmuls, softmax, mask)":
-        "bmm baddbmm _softmax softmax _softmax_backward_data masked_fill where tril triu "
+    # A causal mask's masked_fill is a `where` after decomposition, like a ReLU's gradient:
+    # both count as elementwise.
+    "attention (batched matmuls, softmax)":
+        "bmm baddbmm _softmax softmax _softmax_backward_data "
         "scaled_dot_product_attention _scaled_dot_product_flash_attention_for_cpu "
         "_scaled_dot_product_flash_attention_for_cpu_backward",
     "convolution and pooling": "convolution convolution_backward mkldnn_convolution conv2d "
@@ -65,7 +67,7 @@ ATEN_FAMILY = {op: fam for fam, ops in _ATEN_FAMILY.items() for op in ops.split(
 
 def family(op: str) -> str:
     """The family of ATen op `op` (a name such as ``addmm``), elementwise by default."""
-    return ATEN_FAMILY.get(op, "elementwise (activations, residuals, dropout)")
+    return ATEN_FAMILY.get(op, "elementwise (activations, masks, residuals)")
 
 
 # Eager PyTorch ---------------------------------------------------------------------------
@@ -156,8 +158,11 @@ def hlo_op_names(hlo_text: str) -> dict:
         called = _CALLS.search(line)
         if called:
             calls[name] = called.group(1)
-        if opcode in ("dot", "convolution") and op_name:
-            dots.setdefault(computation, op_name.group(1))
+        if opcode in ("dot", "convolution"):
+            # XLA builds some products without metadata (the weight gradients of
+            # convolutions): charged to their kind of op all the same.
+            made = "aten.convolution_backward." if opcode == "convolution" else "aten.mm."
+            dots.setdefault(computation, op_name.group(1) if op_name else f"(made by XLA) {made}")
     return {name: dots.get(calls.get(name), op) for name, op in own.items()}
 
 

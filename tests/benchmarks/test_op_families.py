@@ -37,6 +37,12 @@ def test_a_fusion_holding_a_dot_is_charged_to_the_dot():
     assert classify_instruction(names["ynn_fusion.7"], "step.py:44") == "matmul (linear layers)"
 
 
+def test_a_product_xla_made_without_metadata_is_still_a_product():
+    text = HLO.replace(', metadata={op_name="jit(jax_fn)/aten.mm.default model.py:12/dot_general"}', "")
+    names = hlo_op_names(text)
+    assert classify_instruction(names["ynn_fusion.7"], "step.py:44") == "matmul (linear layers)"
+
+
 def test_the_optimizer_line_wins_and_xla_copies_are_layout():
     names = hlo_op_names(HLO)
     assert classify_instruction(names["multiply_fusion.9"], "step.py:44") == "optimizer update"
