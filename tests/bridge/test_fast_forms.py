@@ -14,6 +14,13 @@ from test_backward_lowerings import _check, _randn
 aten = torch.ops.aten
 
 
+def test_exact_gelu_is_lowered_in_the_erf_form():
+    x = _randn(4, 8)
+    graph = bridge.capture(lambda a, g: [F.gelu(a), aten.gelu_backward(g, a)], [x, x])
+    jaxpr = str(jax.make_jaxpr(bridge.lower(graph))(*[bridge.tensor_to_jax(x)] * 2))
+    assert " erf " in jaxpr and "erfc" not in jaxpr
+
+
 def test_exact_gelu_and_its_gradient_float32():
     # wide enough that the tails (gelu exactly 0 in float32 below about -5.4) are covered
     x = _randn(8, 16, 64) * 4

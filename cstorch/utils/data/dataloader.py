@@ -5,7 +5,6 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, runtime_checka
 import torch
 import torch.utils._pytree as pytree
 
-from cstorch.utils.data.utils import infer_batch_size
 from cstorch.utils.data.workers import Layout, Worker, worker_state
 
 # Where a DataLoader with several workers per system keeps its round-robin position in
@@ -129,18 +128,14 @@ class DataLoader:
     def _step(self, repeat: bool):
         workers = self.workers()
         if len(workers) == 1:   # the common case, without the lists below (runs every step)
-            w = workers[0]
-            batch = w.next_batch(repeat)
-            w.worker_step += 1
-            w.samples_streamed += infer_batch_size(batch) or 0
+            batch = workers[0].took(workers[0].next_batch(repeat))
             self._steps += 1
             return batch
         per = self._layout.num_workers_per_csx
         chosen = [workers[system * per + self._next_local] for system in range(self._layout.num_csx)]
         batches = [w.next_batch(repeat) for w in chosen]
         for w, b in zip(chosen, batches):
-            w.worker_step += 1
-            w.samples_streamed += infer_batch_size(b) or 0
+            w.took(b)
         self._next_local = (self._next_local + 1) % per
         self._steps += 1
         return batches[0] if len(batches) == 1 else _concat(batches)

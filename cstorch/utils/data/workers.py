@@ -12,6 +12,8 @@ import contextvars
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+from cstorch.utils.data.utils import infer_batch_size
+
 
 @dataclass
 class DataLoaderCheckpoint:
@@ -90,6 +92,12 @@ class Worker:
             return self._next(repeat)
         finally:
             _active_worker.reset(token)
+
+    def took(self, batch):
+        """Count `batch` as streamed by this worker; returns it."""
+        self.worker_step += 1
+        self.samples_streamed += infer_batch_size(batch) or 0
+        return batch
 
     def _next(self, repeat: bool):
         if self._iterator is None:
