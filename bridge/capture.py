@@ -27,6 +27,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor,
                                            FakeTensorMode)
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import uninteresting_files
 from torch.overrides import TorchFunctionMode
 
 from bridge.errors import (GRADIENT_OF, CaptureError, DataDependentShapeError,
@@ -66,6 +67,10 @@ class _CaptureMode(TorchFunctionMode):
         _refuse_write_into_constant(func, args, kwargs)
         # Raised here, the user's frames stay in the traceback; `from None` drops the fake
         # tensor internals that would bury them.
+        meta = fx_traceback.get_current_meta() if fx_traceback.has_preserved_node_meta() else {}
+        own_trace = "stack_trace" not in meta
+        if own_trace:
+            meta["stack_trace"] = _stack_trace()
         try:
             if func in _BACKWARD_CALLS:
                 return _backward(func, args, kwargs, self.hint)
@@ -77,6 +82,43 @@ class _CaptureMode(TorchFunctionMode):
             raise DataDependentShapeError(_data_dependent(func, e)) from None
         except DataDependentOutputException:
             raise TensorValueReadError(_value_read(_name_of(func), self.hint)) from None
+        finally:
+            if own_trace:
+                meta.pop("stack_trace", None)
+
+
+def _stack_trace() -> str:
+    """The stack trace make_fx would record for the nodes of the torch call being handled,
+    from one walk over the frames: make_fx extracts and symbolises the whole stack again for
+    every node it creates (about a third of the first pass's time). The frames kept are those
+    make_fx keeps: `forward` methods, `torch/__init__.py` and registered anchors (the step
+    function), less the files torch calls uninteresting. Every node the call creates (a
+    composite op's parts, a backward's ops) then carries the call's trace, as
+    `preserve_node_meta` hands `stack_trace` to new nodes."""
+    anchors = _STACK_TRACE_ANCHORS
+    kept = []
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if (code.co_name == "forward" or code.co_filename.endswith(_TORCH_INIT)
+                or (code.co_filename, code.co_name) in anchors):
+            kept.append((code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back
+    boring = uninteresting_files()
+    key = tuple(f for f in reversed(kept) if f[0] not in boring)
+    text = _formatted_traces.get(key)
+    if text is None:
+        summary = traceback.StackSummary.from_list([traceback.FrameSummary(*f) for f in key])
+        text = _formatted_traces[key] = "".join(summary.format()).strip()
+    return text
+
+
+_TORCH_INIT = os.path.join("torch", "__init__.py")
+try:
+    from torch.fx.proxy import _STACK_TRACE_ANCHORS
+except ImportError:  # a torch without anchors: make_fx keeps `forward` frames only
+    _STACK_TRACE_ANCHORS = frozenset()
+_formatted_traces: dict = {}
 
 
 # The capture in progress: the code objects of the user's function (its frames and those
@@ -155,8 +197,12 @@ def _refuse_write_into_constant(func, args, kwargs):
     name = getattr(func, "__name__", "")
     in_place = ((name.endswith("_") and not name.startswith("_") and name != "requires_grad_")
                 or name in _IN_PLACE_DUNDERS)
-    target = args[0] if in_place and args else kwargs.get("out")
-    if isinstance(target, torch.Tensor) and not isinstance(target, FakeTensor):
+    targets = [args[0] if in_place and args else kwargs.get("out")]
+    if name.startswith("_foreach_") and name.endswith("_") and args:
+        targets = list(args[0])
+    target = next((t for t in targets if isinstance(t, torch.Tensor)
+                   and not isinstance(t, FakeTensor)), None)
+    if target is not None:
         raise CaptureError(with_user_line(
             f"the step writes in place ({_name_of(func)}) into a tensor of shape "
             f"{tuple(target.shape)} that it neither created nor took as an argument (a global "
@@ -407,8 +453,10 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
         functional = torch.func.functionalize(replay, remove="mutations_and_views")
         lifted = [torch.empty_strided(tuple(c.shape), tuple(c.stride()), dtype=c.dtype)
                   for c in constants.values()]
+        # Replayed nodes carry the first pass's traces; a new walk of this stack would find
+        # no frame of the user's.
         graph = make_fx(functional, decomposition_table=decompositions(),
-                        record_stack_traces=True)(*fakes([False] * len(inputs)), *lifted)
+                        record_stack_traces=False)(*fakes([False] * len(inputs)), *lifted)
     _drop_profiler_ops(graph)
     _outputs_after_mutation(graph)
     _constants_back(graph, list(constants.values()), len(inputs))

@@ -3,5 +3,7 @@ from bridge.ops.registry import LOWERINGS, lowering
 from bridge.ops import (attention, bessel, binning, checks, conv, creation,  # noqa: F401
                         elementwise, factorization, fft, indexing, linalg, loss, norm, ordering,
                         pooling, random, recurrent, reduction, resample, shape, special)
+# Last: its lowerings apply the per-tensor ones registered above.
+from bridge.ops import foreach  # noqa: F401,E402
 
 __all__ = ["LOWERINGS", "lowering"]

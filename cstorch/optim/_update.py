@@ -145,13 +145,97 @@ def check_betas(betas):
         check(f"beta parameter at index {i}", beta, high=1.0, strict_high=True)
 
 
+# Group forms of the rules above: one `torch._foreach_*` op updates a whole param group's
+# tensors, so a traced step captures and lowers a few nodes per rule instead of a few per
+# parameter. Each applies, tensor by tensor, the same ATen op as the per-tensor helper (on
+# CPU a foreach op runs that op's kernel on each tensor), so results are bit for bit those of
+# the per-tensor form.
+
+def _each(factor, count):
+    """A tensor `factor` repeated for a list op that takes one tensor per element."""
+    return [factor] * count
+
+
+def add_all_(xs, value):
+    """``x += value`` for each x, `value` a float or a 0-d tensor."""
+    if isinstance(value, torch.Tensor):
+        # torch._foreach_add_(list, tensor) would read the tensor as a number
+        torch.ops.aten._foreach_add_.Tensor(xs, value)
+    else:
+        torch._foreach_add_(xs, value)
+
+
+def one_minus_all(xs):
+    """``1 - x`` for each x, as new tensors (``-x + 1`` rounds as ``1 - x`` does)."""
+    out = torch._foreach_neg(xs)
+    torch._foreach_add_(out, 1)
+    return out
+
+
+def add_scaled_all(xs, ys, factor):
+    """``x + factor * y`` for each pair, as new tensors (`add_scaled`)."""
+    if isinstance(factor, torch.Tensor):
+        return torch._foreach_addcmul(xs, ys, _each(factor, len(xs)))
+    return torch._foreach_add(xs, ys, alpha=factor)
+
+
+def add_scaled_all_(xs, ys, factor):
+    """``x += factor * y`` for each pair (`add_scaled_`)."""
+    if isinstance(factor, torch.Tensor):
+        torch._foreach_addcmul_(xs, ys, _each(factor, len(xs)))
+    else:
+        torch._foreach_add_(xs, ys, alpha=factor)
+
+
+def add_product_all_(xs, a, b, factor):
+    """``x += factor * a * b`` for each triple (`add_product_`)."""
+    if isinstance(factor, torch.Tensor):
+        torch._foreach_addcmul_(xs, torch._foreach_mul(a, factor), b)
+    else:
+        torch._foreach_addcmul_(xs, a, b, value=factor)
+
+
+def ema_all_(avgs, values, beta):
+    """`ema_` for each pair."""
+    torch._foreach_mul_(avgs, beta)
+    add_scaled_all_(avgs, values, one_minus(beta))
+
+
+def ema_sq_all_(avgs, values, beta):
+    """`ema_sq_` for each pair."""
+    torch._foreach_mul_(avgs, beta)
+    add_product_all_(avgs, values, values, one_minus(beta))
+
+
+def decay_weights_all(ps, lr, weight_decay):
+    """`decay_weights` for each parameter."""
+    if is_set(weight_decay):
+        torch._foreach_mul_(ps, 1 - lr * weight_decay)
+
+
+def l2_regularize_all(grads, ps, rate):
+    """`l2_regularize` for each pair."""
+    return add_scaled_all(grads, ps, rate) if is_set(rate) else grads
+
+
+def subtract_scaled_all(ps, updates, factor):
+    """``p -= factor * update`` for each pair (`subtract_scaled`); `factor` a float, a
+    tensor, or a sequence of one 0-d tensor per parameter."""
+    if isinstance(factor, (torch.Tensor, list, tuple)):
+        torch._foreach_sub_(ps, torch._foreach_mul(updates, factor))
+    else:
+        torch._foreach_add_(ps, updates, alpha=-factor)
+
+
 class ElementwiseOptimizer(Optimizer):
     """An optimizer whose rule updates each parameter on its own.
 
     Subclasses give `init_state(p, group)` (the state of one parameter, created before
-    the first step) and `update(p, grad, group, state)`. The loop here runs the closure,
-    skips parameters without a gradient, and applies ``maximize`` and coupled ("L2")
-    weight decay where the optimizer's param groups have them and
+    the first step) and either `update(p, grad, group, state)`, the rule for one parameter,
+    or `update_group(params, grads, group, states)`, the rule for all of a param group's
+    parameters that have a gradient at once (with the group helpers above). The loop here
+    runs the closure, skips parameters without a gradient, and applies ``maximize`` and
+    coupled ("L2") weight decay where the optimizer's param groups have them and
     `coupled_weight_decay` says so.
     """
 
@@ -170,9 +254,17 @@ class ElementwiseOptimizer(Optimizer):
     def init_state(self, p, group) -> dict:
         """The state tensors of parameter `p`, keyed as in `state_dict()`."""
 
-    @abstractmethod
     def update(self, p, grad, group, state):
         """Update `p` in place from `grad`, advancing `state` in place."""
+        self.update_group([p], [grad], group, [state])
+
+    def update_group(self, params, grads, group, states):
+        """Update each of `params` in place from its gradient, advancing its state in place."""
+        if type(self).update is ElementwiseOptimizer.update:
+            raise NotImplementedError(f"{type(self).__name__} defines neither update() nor "
+                                      f"update_group()")
+        for p, grad, state in zip(params, grads, states):
+            self.update(p, grad, group, state)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -181,13 +273,13 @@ class ElementwiseOptimizer(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                if group.get("maximize", False):
-                    grad = -grad
-                if self.coupled_weight_decay:
-                    grad = l2_regularize(grad, p, group.get("weight_decay", 0.0))
-                self.update(p, grad, group, self.state[p])
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            if group.get("maximize", False):
+                grads = torch._foreach_neg(grads)
+            if self.coupled_weight_decay:
+                grads = l2_regularize_all(grads, params, group.get("weight_decay", 0.0))
+            self.update_group(params, grads, group, [self.state[p] for p in params])
         return loss

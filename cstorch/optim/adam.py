@@ -40,24 +40,32 @@ class AdamBase(U.ElementwiseOptimizer):
             state["max_exp_avg_sq"] = torch.zeros_like(p)
         return state
 
-    def update(self, p, grad, group, state):
+    def update_group(self, params, grads, group, states):
         beta1, beta2 = group["betas"]
         lr = group["lr"]
-        grad = U.l2_regularize(grad, p, group["l2_regularization_rate"])
-        U.ema_(state["exp_avg"], grad, beta1)
-        U.ema_sq_(state["exp_avg_sq"], grad, beta2)
-        second = state["exp_avg_sq"]
+        grads = U.l2_regularize_all(grads, params, group["l2_regularization_rate"])
+        exp_avgs = [state["exp_avg"] for state in states]
+        U.ema_all_(exp_avgs, grads, beta1)
+        second = [state["exp_avg_sq"] for state in states]
+        U.ema_sq_all_(second, grads, beta2)
         if group["amsgrad"]:
-            torch.maximum(state["max_exp_avg_sq"], second, out=state["max_exp_avg_sq"])
-            second = state["max_exp_avg_sq"]
-        denom = second.sqrt().add_(group["eps"])
+            highest = [state["max_exp_avg_sq"] for state in states]
+            torch._foreach_maximum_(highest, second)
+            second = highest
+        denom = torch._foreach_sqrt(second)
+        U.add_all_(denom, group["eps"])
         step_size = lr
         if group["correct_bias"]:
-            state["beta1_power"].mul_(beta1)
-            state["beta2_power"].mul_(beta2)
-            step_size = U.scale(torch.sqrt(1 - state["beta2_power"]) / (1 - state["beta1_power"]), lr)
-        U.decay_weights(p, lr, group["weight_decay"])
-        U.subtract_scaled(p, state["exp_avg"] / denom, step_size)
+            beta1_powers = [state["beta1_power"] for state in states]
+            beta2_powers = [state["beta2_power"] for state in states]
+            torch._foreach_mul_(beta1_powers, beta1)
+            torch._foreach_mul_(beta2_powers, beta2)
+            # lr * sqrt(1 - beta2^t) / (1 - beta1^t), one 0-d tensor per parameter
+            step_size = torch._foreach_sqrt(U.one_minus_all(beta2_powers))
+            torch._foreach_div_(step_size, U.one_minus_all(beta1_powers))
+            torch._foreach_mul_(step_size, lr)
+        U.decay_weights_all(params, lr, group["weight_decay"])
+        U.subtract_scaled_all(params, torch._foreach_div(exp_avgs, denom), step_size)
 
 
 class Adam(AdamBase):

@@ -26,10 +26,11 @@ class SGD(U.ElementwiseOptimizer):
     def init_state(self, p, group):
         return {"momentum_buffer": torch.zeros_like(p)} if U.is_set(group["momentum"]) else {}
 
-    def update(self, p, grad, group, state):
+    def update_group(self, params, grads, group, states):
         momentum = group["momentum"]
         if U.is_set(momentum):
-            buf = state["momentum_buffer"]
-            U.add_scaled_(buf.mul_(momentum), grad, U.one_minus(group["dampening"]))
-            grad = U.add_scaled(grad, buf, momentum) if group["nesterov"] else buf
-        U.subtract_scaled(p, grad, group["lr"])
+            bufs = [state["momentum_buffer"] for state in states]
+            torch._foreach_mul_(bufs, momentum)
+            U.add_scaled_all_(bufs, grads, U.one_minus(group["dampening"]))
+            grads = U.add_scaled_all(grads, bufs, momentum) if group["nesterov"] else bufs
+        U.subtract_scaled_all(params, grads, group["lr"])
