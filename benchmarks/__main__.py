@@ -27,8 +27,10 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from benchmarks import first_step, workloads
-from benchmarks._report import write_section
+from benchmarks._report import steal_since, write_section
 from benchmarks.harness import MARK
 from benchmarks.peers import ORDER, TITLES
 
@@ -211,19 +213,22 @@ def report(command, where, results, rate, quick) -> str:
         parts += [f"- {r['workload']}: {r.get('title', '')}"
                   + (f" ({r['params']:,} parameters)" if "params" in r else "")
                   + (f"; {r['steps']} steps per pass, {r['repeats']} timed passes"
-                     if "steps" in r else "") for r in training]
+                     if "steps" in r else "")
+                  + (f"; {r['steal']}" if "steal" in r else "") for r in training]
         parts += ["", training_table(training, rate[0]), ""]
     if "first-step" in by_name:
         r = by_name["first-step"]
         parts += [f"First step of gpt-small: {r.get('repeats', '?')} pair(s) of fresh processes "
                   "on the CSX backend sharing a new compile_dir each (benchmarks/first_step.py); "
                   "the in-process rows are the first step of each peer in the gpt-small "
-                  "workload (capture and compilation included, imports excluded).", "",
+                  "workload (capture and compilation included, imports excluded)"
+                  + (f"; {r['steal']}" if "steal" in r else "") + ".", "",
                   first_step_table(r, by_name.get("gpt-small")), ""]
     if "executor" in by_name:
         r = by_name["executor"]
         parts += [f"DataExecutor overhead: {r.get('steps', '?')} steps per pass, "
-                  f"{r.get('repeats', '?')} timed passes (benchmarks/harness.py).", "",
+                  f"{r.get('repeats', '?')} timed passes (benchmarks/harness.py)"
+                  + (f"; {r['steal']}" if "steal" in r else "") + ".", "",
                   executor_table(r), ""]
     return "\n".join(parts).rstrip() + "\n"
 
@@ -250,6 +255,7 @@ def main(argv=None):
     mode = "quick" if args.quick else "full"
     command = "python -m benchmarks" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     where = f"{machine()}, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
+    suite_cpu = psutil.cpu_times()
     rate = matmul_rate(3 if args.quick else 10)
     print(f"matmul rate: {rate[0]:.1f} GFLOP/s (min {rate[1]:.1f}, max {rate[2]:.1f})", flush=True)
     results = []
@@ -260,7 +266,7 @@ def main(argv=None):
         steps, repeats = sizes[mode]
         if name != "first-step":
             steps, repeats = args.steps or steps, args.repeats or repeats
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), psutil.cpu_times()
         print(f"{name}: running ...", flush=True)
         if name == "first-step":
             try:
@@ -269,7 +275,10 @@ def main(argv=None):
                 results.append({"workload": name, "error": f"{type(e).__name__}: {e}"[:300]})
         else:
             results.append(in_subprocess(name, steps, repeats, peers))
-        print(f"{name}: done in {time.perf_counter() - start:.0f} s", flush=True)
+        results[-1]["steal"] = steal_since(cpu)
+        print(f"{name}: done in {time.perf_counter() - start:.0f} s ({results[-1]['steal']})",
+              flush=True)
+    where += f"; over the whole run, {steal_since(suite_cpu)}"
     text = report(command, where, results, rate, args.quick)
     print(text)
     if not args.no_write:

@@ -1,5 +1,8 @@
-"""Each benchmark owns one section of docs/benchmarks.md, between markers with its name."""
+"""Each benchmark owns one section of docs/benchmarks.md, between markers with its name,
+and says how much of the machine other tenants took while it ran."""
 import os
+
+import psutil
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
                    "benchmarks.md")
@@ -16,3 +19,15 @@ def write_section(name: str, markdown: str):
     os.makedirs(os.path.dirname(DOC), exist_ok=True)
     with open(DOC, "w") as f:
         f.write(text)
+
+
+def steal_since(before) -> str:
+    """The share of CPU time since `before` (a `psutil.cpu_times()`) that the hypervisor gave
+    to other tenants of the host (steal time), as text. On a shared virtual machine this is
+    what makes timings move from run to run."""
+    after = psutil.cpu_times()
+    if not hasattr(after, "steal"):
+        return "steal time not counted by this OS"
+    total = sum(after) - sum(before)
+    share = 100 * (after.steal - before.steal) / total if total > 0 else 0.0
+    return f"steal time {share:.1f}%"

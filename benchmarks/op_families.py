@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "OP-FAMILIES-RESULT "
 DEFAULT = ("gpt-small", "transformer-lm", "cnn")
@@ -303,17 +305,17 @@ def main(argv=None):
     if args.one:
         print(MARK + json.dumps(measure(args.one, args.steps)), flush=True)
         return
-    parts = []
+    from benchmarks._report import steal_since, write_section
+    parts, cpu = [], psutil.cpu_times()
     for name in args.workloads.split(","):
         r = in_subprocess(name, args.steps)
         parts.append(table(r))
         print(parts[-1] + "\n", flush=True)
     if not args.no_write:
-        from benchmarks._report import write_section
         from benchmarks.__main__ import machine
         write_section("op_families", f"`python -m benchmarks.op_families --workloads "
-                      f"{args.workloads} --steps {args.steps}` on {machine()}.\n\n"
-                      + "\n\n".join(parts))
+                      f"{args.workloads} --steps {args.steps}` on {machine()}; "
+                      f"{steal_since(cpu)} during the run.\n\n" + "\n\n".join(parts))
 
 
 if __name__ == "__main__":

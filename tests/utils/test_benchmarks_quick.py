@@ -51,3 +51,28 @@ def test_a_quick_run_prints_ratio_rows():
     for peer in ("eager PyTorch", "hand-written jax.jit", "cstorch traced step (CPU backend)"):
         assert peers[peer].split(" | ")[4].endswith("x")   # cstorch speed vs the peer
     assert "not run: project rule" in peers["torchax"]
+
+
+def test_steal_time_is_the_share_of_cpu_time_given_to_other_tenants(monkeypatch):
+    from collections import namedtuple
+
+    from benchmarks import _report
+    times = namedtuple("scputimes", "user system idle steal")
+    before = times(100.0, 10.0, 50.0, 5.0)
+    monkeypatch.setattr(_report.psutil, "cpu_times", lambda: times(130.0, 20.0, 90.0, 25.0))
+    assert _report.steal_since(before) == "steal time 20.0%"   # 20 of 100 s
+    no_steal = namedtuple("scputimes", "user system idle")
+    monkeypatch.setattr(_report.psutil, "cpu_times", lambda: no_steal(1.0, 1.0, 1.0))
+    assert _report.steal_since(no_steal(0.0, 0.0, 0.0)) == "steal time not counted by this OS"
+
+
+def test_the_report_says_the_steal_time_of_each_workload():
+    results = [dict(_result("gpt-small", cstorch={"ms": [10.0], "first_step_s": 1.0,
+                                                  "loss": 1.0}), steal="steal time 12.5%"),
+               {"workload": "executor", "title": "MLP", "steps": 3, "repeats": 2,
+                "steal": "steal time 0.4%",
+                "loops": {"bare": {"ms": [1.0]}, "executor": {"ms": [1.1]},
+                          "executor-prefetch": {"ms": [1.5]}}}]
+    text = suite.report("python -m benchmarks", "here", results, (100.0, 90.0, 110.0), False)
+    assert "2 timed passes; steal time 12.5%" in text
+    assert "(benchmarks/harness.py); steal time 0.4%." in text
