@@ -218,11 +218,17 @@ def l2_regularize_all(grads, ps, rate):
     return add_scaled_all(grads, ps, rate) if is_set(rate) else grads
 
 
-def subtract_scaled_all(ps, updates, factor):
+def subtract_scaled_all(ps, updates, factor, scratch=False):
     """``p -= factor * update`` for each pair (`subtract_scaled`); `factor` a float, a
-    tensor, or a sequence of one 0-d tensor per parameter."""
+    tensor, or a sequence of one 0-d tensor per parameter. With `scratch`, `updates` are
+    temporaries the product may overwrite: an in-place foreach op traces faster than one
+    with new outputs."""
     if isinstance(factor, (torch.Tensor, list, tuple)):
-        torch._foreach_sub_(ps, torch._foreach_mul(updates, factor))
+        if scratch:
+            torch._foreach_mul_(updates, factor)
+        else:
+            updates = torch._foreach_mul(updates, factor)
+        torch._foreach_sub_(ps, updates)
     else:
         torch._foreach_add_(ps, updates, alpha=-factor)
 

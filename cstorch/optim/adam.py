@@ -65,7 +65,7 @@ class AdamBase(U.ElementwiseOptimizer):
             torch._foreach_div_(step_size, U.one_minus_all(beta1_powers))
             torch._foreach_mul_(step_size, lr)
         U.decay_weights_all(params, lr, group["weight_decay"])
-        U.subtract_scaled_all(params, torch._foreach_div(exp_avgs, denom), step_size)
+        U.subtract_scaled_all(params, torch._foreach_div(exp_avgs, denom), step_size, scratch=True)
 
 
 class Adam(AdamBase):
