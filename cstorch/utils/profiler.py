@@ -125,8 +125,9 @@ class Profiler:
     def on_step(self, batch, samples):
         for a in self.activities.values():
             a.on_step(batch, samples)
-        for listener in list(_run_listeners):
-            listener.on_run_step(samples)
+        if _run_listeners:   # runs every step: no list copy when nobody listens
+            for listener in list(_run_listeners):
+                listener.on_run_step(samples)
 
     def on_stop(self):
         for a in self.activities.values():

@@ -116,3 +116,32 @@ def test_prefetch_on_a_backend_that_does_not_execute_warns_and_reads_lazily():
         batches = iter(executor)
         first = next(batches)
     assert not isinstance(first[0], DeviceTensor) and loader.taken == 1
+
+
+def _uneven():
+    """Batches of 4, 3, 2, 4, 3, 2 samples: a count taken from the wrong batch shows."""
+    g = torch.Generator().manual_seed(2)
+    return [(torch.randn(n, 3, generator=g), torch.randint(0, 2, (n,), generator=g))
+            for n in (4, 3, 2, 4, 3, 2)]
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_the_rate_tracker_counts_each_batchs_own_samples(prefetch):
+    # The executor counts a step's samples from what the worker counted when it read the
+    # batch (a read-ahead batch keeps its own count); a batch left unused by an earlier
+    # executor is counted by the next one.
+    step, data = _step(), _uneven()
+    loader = DataLoader(lambda: data)
+    first = DataExecutor(loader, num_steps=6, prefetch=prefetch)
+    for i, (x, y) in enumerate(first):
+        step(x, y)
+        if i == 1:
+            break
+    # a step is counted once its body has run: the break leaves the second one out
+    assert first.profiler.rate_tracker.total_samples == 4
+    second = DataExecutor(loader, num_steps=4, prefetch=prefetch)
+    for x, y in second:
+        step(x, y)
+    # with prefetch the third batch (2 samples) was read ahead; it is the second run's first
+    assert second.profiler.rate_tracker.total_samples == 2 + 4 + 3 + 2
+    assert second.profiler.rate_tracker.total_steps == 4

@@ -85,6 +85,7 @@ class DataLoader:
         self._pending_state = None
         self._next_local = 0     # the local worker id that streams the next step
         self._steps = 0          # steps streamed in this process (the appliance step)
+        self.last_samples = 0    # samples in the last batch streamed
         self._warned_stateless = False
 
     # workers ---------------------------------------------------------------------------
@@ -128,7 +129,9 @@ class DataLoader:
     def _step(self, repeat: bool):
         workers = self.workers()
         if len(workers) == 1:   # the common case, without the lists below (runs every step)
-            batch = workers[0].took(workers[0].next_batch(repeat))
+            worker = workers[0]
+            batch = worker.took(worker.next_batch(repeat))
+            self.last_samples = worker.last_samples
             self._steps += 1
             return batch
         per = self._layout.num_workers_per_csx
@@ -136,6 +139,7 @@ class DataLoader:
         batches = [w.next_batch(repeat) for w in chosen]
         for w, b in zip(chosen, batches):
             w.took(b)
+        self.last_samples = sum(w.last_samples for w in chosen)
         self._next_local = (self._next_local + 1) % per
         self._steps += 1
         return batches[0] if len(batches) == 1 else _concat(batches)

@@ -129,7 +129,8 @@ class DataExecutor:
         self.prefetch = prefetch
         self._upload = None   # batch -> the batch on the devices, while prefetching
         self._reads_ahead = False
-        self._ahead = None    # (host batch, uploaded batch) of the next step, or its error
+        self._keeps_output = False   # whether steps' scalar results are kept (progress bar)
+        self._ahead = None    # (host batch, uploaded batch, samples) of the next step, or its error
 
     @staticmethod
     def _use_cs_config(cs_config, backend, dataloader):
@@ -221,15 +222,19 @@ class DataExecutor:
         # hands `current_executor()` back to the outer one when it ends.
         outer, _current = _current, self
         progress = _Progress(self)
+        self._keeps_output = not progress.bar.disable
         self.profiler.on_start()
         try:
             self._start_prefetch()
+            on_step = self.profiler.on_step
+            shown = None if progress.bar.disable else progress.update
             for index in range(self.num_steps):
-                batch = self._next_batch()
+                batch, samples = self._next_batch()
                 self.iteration = index
                 yield batch
-                self.profiler.on_step(batch, infer_batch_size(batch) or 0)
-                progress.update()
+                on_step(batch, samples)
+                if shown is not None:
+                    shown()
         finally:
             if isinstance(self._ahead, tuple):   # left unused: the next executor's first batch
                 self.dataloader.__dict__[_UNUSED] = self._ahead[0]
@@ -257,15 +262,19 @@ class DataExecutor:
         self._reads_ahead = self.checkpoint_steps is not None or not saves_position
 
     def _next_batch(self):
+        """(the next step's batch, its number of samples)"""
         ahead, self._ahead = self._ahead, None
         if isinstance(ahead, BaseException):
             raise ahead
         if ahead is not None:
-            return ahead[1]
+            return ahead[1], ahead[2]
         batch = self.dataloader.__dict__.pop(_UNUSED, _UNUSED)
         if batch is _UNUSED:
             batch = self.dataloader.next_batch()
-        return batch if self._upload is None else self._upload(batch)
+            samples = self.dataloader.last_samples   # counted once, by the worker
+        else:
+            samples = infer_batch_size(batch) or 0
+        return (batch if self._upload is None else self._upload(batch)), samples
 
     def _read_ahead(self):
         """Read and upload the next step's batch (called once a step was dispatched)."""
@@ -275,7 +284,7 @@ class DataExecutor:
         self._ahead = _READING   # a step the loader itself runs reads nothing ahead
         try:
             batch = self.dataloader.next_batch()
-            self._ahead = (batch, self._upload(batch))
+            self._ahead = (batch, self._upload(batch), self.dataloader.last_samples)
         except Exception as e:  # raised where the loop asks for that batch
             self._ahead = e
 
@@ -378,8 +387,9 @@ def note_step_output(results) -> None:
     called once a step has been dispatched, so a prefetching executor reads ahead here."""
     if _current is None:
         return
-    first = results[0] if isinstance(results, (tuple, list)) and results else results
-    if isinstance(first, torch.Tensor) and first.dim() == 0 and first.is_floating_point():
-        _current.last_output = first
+    if _current._keeps_output:   # only a progress bar on a terminal shows it
+        first = results[0] if isinstance(results, (tuple, list)) and results else results
+        if isinstance(first, torch.Tensor) and first.dim() == 0 and first.is_floating_point():
+            _current.last_output = first
     if _current._reads_ahead:
         _current._read_ahead()

@@ -63,6 +63,7 @@ class Worker:
         self._iterator: Optional[Iterator] = None
         self.worker_step = 0
         self.samples_streamed = 0
+        self.last_samples = 0   # samples in the last batch it streamed
 
     @contextlib.contextmanager
     def active(self):
@@ -96,7 +97,8 @@ class Worker:
     def took(self, batch):
         """Count `batch` as streamed by this worker; returns it."""
         self.worker_step += 1
-        self.samples_streamed += infer_batch_size(batch) or 0
+        self.last_samples = infer_batch_size(batch) or 0
+        self.samples_streamed += self.last_samples
         return batch
 
     def _next(self, repeat: bool):
