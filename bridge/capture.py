@@ -89,12 +89,12 @@ class _CaptureMode(TorchFunctionMode):
 
 def _stack_trace() -> str:
     """The stack trace make_fx would record for the nodes of the torch call being handled,
-    from one walk over the frames: make_fx extracts and symbolises the whole stack again for
-    every node it creates (about a third of the first pass's time). The frames kept are those
-    make_fx keeps: `forward` methods, `torch/__init__.py` and registered anchors (the step
-    function), less the files torch calls uninteresting. Every node the call creates (a
-    composite op's parts, a backward's ops) then carries the call's trace, as
-    `preserve_node_meta` hands `stack_trace` to new nodes."""
+    from one walk over the frames, where make_fx would extract and symbolise the whole
+    stack again for every node it creates. The frames kept are those make_fx keeps:
+    `forward` methods, `torch/__init__.py` and registered anchors (the step function), less
+    the files torch calls uninteresting. Every node the call creates (a composite op's
+    parts, a backward's ops) then carries the call's trace, as `preserve_node_meta` hands
+    `stack_trace` to new nodes."""
     anchors = _STACK_TRACE_ANCHORS
     kept = []
     frame = sys._getframe(2)
