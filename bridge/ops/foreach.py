@@ -46,7 +46,6 @@ _BY_NAME = {"norm": ("dtype",)}
 def _per_element(foreach_op, per_tensor_op, by_name=()):
     schema = foreach_op._schema
     positional = [a for a in schema.arguments if not a.kwarg_only and a.name not in by_name]
-    keyword = [a.name for a in schema.arguments if a.kwarg_only or a.name in by_name]
     listed = [str(a.type) in ("List[Tensor]", "List[number]") for a in positional]
     per_tensor = LOWERINGS[per_tensor_op]
 
@@ -56,10 +55,10 @@ def _per_element(foreach_op, per_tensor_op, by_name=()):
         for a in positional[len(given):]:
             given.append(kwargs.pop(a.name) if a.name in kwargs else a.default_value)
         args = given
+        # What is left in kwargs is keyword-only (alpha, memory_format) or in `by_name`.
         count = len(next(a for a, is_list in zip(args, listed) if is_list))
-        extra = {k: v for k, v in kwargs.items() if k in keyword}
         return [per_tensor(*(a[i] if is_list else a for a, is_list in zip(args, listed)),
-                           **extra)
+                           **kwargs)
                 for i in range(count)]
     return lower
 

@@ -116,11 +116,6 @@ def decay_weights(p, lr, weight_decay):
         p.mul_(1 - lr * weight_decay)
 
 
-def l2_regularize(grad, p, rate):
-    """The gradient of an added ``rate / 2 * |p|^2`` term, folded into `grad`."""
-    return add_scaled(grad, p, rate) if is_set(rate) else grad
-
-
 def ema_(avg, value, beta):
     """``avg = beta * avg + (1 - beta) * value`` in place."""
     add_scaled_(avg.mul_(beta), value, one_minus(beta))
@@ -214,7 +209,7 @@ def decay_weights_all(ps, lr, weight_decay):
 
 
 def l2_regularize_all(grads, ps, rate):
-    """`l2_regularize` for each pair."""
+    """The gradients of an added ``rate / 2 * |p|^2`` term, folded into `grads`."""
     return add_scaled_all(grads, ps, rate) if is_set(rate) else grads
 
 
