@@ -130,6 +130,10 @@ class Backend:
             # only a directory the user names becomes the persistent cache.
             wafer.use_compile_dir(values["compile_dir"])
 
+        if self.backend_type != "GPU":
+            # XLA may run the steps on the host, their buffers from malloc. Set before
+            # XLA's threads start (`_devices`) so that they share glibc's one arena.
+            wafer.keep_buffers_mapped()
         self.devices = self._devices()
         num_systems = 1
         if values.get("cluster_config") is not None:

@@ -1,0 +1,65 @@
+"""Host memory for programs that XLA runs on the CPU: keep their buffers mapped.
+
+Each execution of an XLA CPU program allocates its scratch buffer (the step's
+intermediates: tens to hundreds of MB for a small transformer) and frees it when it ends;
+its outputs are fresh buffers too. glibc's malloc serves an allocation above 32 MB, and
+anything too large for a thread's own arena, with a new `mmap` and returns it with
+`munmap`, so every step faults the whole scratch buffer in again, page by page, and the
+kernel zeroes each page. For the 4-layer GPT of `benchmarks/` that is about 30,000 page
+faults and 80-90 ms of system CPU time a step.
+
+`keep_buffers_mapped()` asks glibc to serve every allocation from one heap that it does
+not give back to the system below 2 GiB of free space at its top, so that a freed buffer
+is reused by the next step. This is a process-wide trade: the process keeps the memory
+it has freed, as a caching allocator does. A user who sets any of glibc's malloc
+variables (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_MAX_`, `MALLOC_TRIM_THRESHOLD_`, ...,
+`GLIBC_TUNABLES`) keeps their own settings and this does nothing.
+"""
+import ctypes
+import os
+import sys
+from typing import Optional
+
+# mallopt parameters, from glibc's <malloc.h>.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
+# The largest value mallopt takes (an int); free space beyond it at the heap's top is
+# given back to the system.
+_TRIM_THRESHOLD = 2**31 - 1
+
+_USER_SETTINGS = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
+                  "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                  "GLIBC_TUNABLES")
+
+_applied: Optional[bool] = None
+
+
+def _glibc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.gnu_get_libc_version  # musl and other C libraries have no such symbol
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def keep_buffers_mapped() -> bool:
+    """Make glibc reuse freed buffers instead of unmapping them (see the module's
+    docstring). Returns whether the settings are in force; the first call decides, later
+    calls return its answer."""
+    global _applied
+    if _applied is None:
+        libc = _glibc()
+        if libc is None or any(name in os.environ for name in _USER_SETTINGS):
+            _applied = False
+        else:
+            # One arena: a thread's own arena cannot hold a buffer above 64 MB, and then
+            # glibc maps it whatever M_MMAP_MAX says. Threads that already have an arena
+            # keep it; XLA's execution threads take theirs at their first allocation.
+            _applied = bool(libc.mallopt(_M_ARENA_MAX, 1)
+                            and libc.mallopt(_M_MMAP_MAX, 0)
+                            and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    return _applied
