@@ -5,8 +5,7 @@ intermediates: tens to hundreds of MB for a small transformer) and frees it when
 its outputs are fresh buffers too. glibc's malloc serves an allocation above 32 MB, and
 anything too large for a thread's own arena, with a new `mmap` and returns it with
 `munmap`, so every step faults the whole scratch buffer in again, page by page, and the
-kernel zeroes each page. For the 4-layer GPT of `benchmarks/` that is about 30,000 page
-faults and 80-90 ms of system CPU time a step.
+kernel zeroes each page (docs/benchmarks.md has the measurements).
 
 `keep_buffers_mapped()` asks glibc to serve every allocation from one heap that it does
 not give back to the system below 2 GiB of free space at its top, so that a freed buffer
