@@ -11,8 +11,9 @@ kernel zeroes each page (docs/benchmarks.md has the measurements).
 not give back to the system below 2 GiB of free space at its top, so that a freed buffer
 is reused by the next step. This is a process-wide trade: the process keeps the memory
 it has freed, as a caching allocator does. A user who sets any of glibc's malloc
-variables (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_MAX_`, `MALLOC_TRIM_THRESHOLD_`, ...,
-`GLIBC_TUNABLES`) keeps their own settings and this does nothing.
+variables (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_MAX_`, `MALLOC_TRIM_THRESHOLD_`, ..., or a
+`glibc.malloc.*` tunable in `GLIBC_TUNABLES`) keeps their own settings and this does
+nothing.
 """
 import ctypes
 import os
@@ -28,8 +29,7 @@ _M_ARENA_MAX = -8
 _TRIM_THRESHOLD = 2**31 - 1
 
 _USER_SETTINGS = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
-                  "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-                  "GLIBC_TUNABLES")
+                  "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
 _applied: Optional[bool] = None
 
@@ -45,6 +45,13 @@ def _glibc():
         return None
 
 
+def user_tuned_malloc(environ=os.environ) -> bool:
+    """Whether the environment sets glibc's malloc: a `MALLOC_*` variable, or a
+    `glibc.malloc.*` tunable in `GLIBC_TUNABLES` (its other tunables do not count)."""
+    return (any(name in environ for name in _USER_SETTINGS)
+            or "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""))
+
+
 def keep_buffers_mapped() -> bool:
     """Make glibc reuse freed buffers instead of unmapping them (see the module's
     docstring). Returns whether the settings are in force; the first call decides, later
@@ -52,7 +59,7 @@ def keep_buffers_mapped() -> bool:
     global _applied
     if _applied is None:
         libc = _glibc()
-        if libc is None or any(name in os.environ for name in _USER_SETTINGS):
+        if libc is None or user_tuned_malloc():
             _applied = False
         else:
             # One arena: a thread's own arena cannot hold a buffer above 64 MB, and then

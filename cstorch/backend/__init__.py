@@ -70,8 +70,8 @@ class Backend:
     on CPU and GPU they are created eagerly by PyTorch (`cstorch.lazy_init`).
     A CPU or CSX backend, made before JAX's CPU client, asks glibc to keep freed buffers
     for reuse (`wafer.keep_buffers_mapped`), so that each step reuses its scratch memory
-    instead of faulting fresh pages in; a user's own `MALLOC_*` or `GLIBC_TUNABLES`
-    setting leaves glibc as the user set it.
+    instead of faulting fresh pages in; a user's own `MALLOC_*` variable or
+    `glibc.malloc.*` tunable leaves glibc as the user set it.
     On a CPU backend `mixed_precision=True` runs every compiled module's forward pass under
     `cstorch.amp.autocast()` (bfloat16 on the CPU).
     On a GPU backend `enable_distributed=True` makes a multi-process run, launched by

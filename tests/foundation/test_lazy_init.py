@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import cstorch
 from cstorch.backends import csx
 from cstorch.lazy_init import LazyInitTensor, is_lazy
+from wafer import host_memory
 
 
 @pytest.fixture(autouse=True)
@@ -314,11 +315,9 @@ class _MallInfo2(ctypes.Structure):
 
 
 def _glibc_mallinfo2():
-    try:
-        fn = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = _MallInfo2
+    fn = getattr(host_memory._glibc(), "mallinfo2", None)
+    if fn is not None:
+        fn.restype = _MallInfo2
     return fn
 
 

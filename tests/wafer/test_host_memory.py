@@ -73,3 +73,10 @@ def test_not_applied_off_glibc(monkeypatch):
     monkeypatch.setattr(host_memory, "_applied", None)
     monkeypatch.setattr(host_memory.sys, "platform", "darwin")
     assert wafer.keep_buffers_mapped() is False
+
+
+def test_only_malloc_settings_count_as_the_users():
+    assert not host_memory.user_tuned_malloc({})
+    assert not host_memory.user_tuned_malloc({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2"})
+    assert host_memory.user_tuned_malloc({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+    assert host_memory.user_tuned_malloc({"MALLOC_TRIM_THRESHOLD_": "0"})
