@@ -1,15 +1,14 @@
 """Capture a Python training step as one functional graph of core ATen ops.
 
-Two passes, as torch 2.x allows for code that calls `loss.backward()` and mutates state:
-1. `make_fx` runs the step once on fake tensors with autograd live, so forward, backward
-   and the in-place optimizer update all land in one ATen graph.
-2. That graph is run again under `functionalize` and the core-ATen decomposition table:
-   mutations become new values, views become copies, composite ops become core ops.
-The result is a pure function (inputs) -> (outputs) that `bridge.lower` turns into JAX.
+`make_fx` runs the step once on fake tensors with autograd live, so forward, backward and
+the in-place optimizer update all land in one graph. The ops autograd dispatches pass, in
+order, through functionalisation (mutations become new values), the core-ATen
+decomposition table (composite ops become core ops) and the tracer, as AOTAutograd stacks
+them: one pass over the user's code gives the functional core-ATen graph. The result is a
+pure function (inputs) -> (outputs) that `bridge.lower` turns into JAX.
 """
 import contextlib
 import contextvars
-import operator
 import os
 import sys
 import sysconfig
@@ -21,11 +20,12 @@ from typing import Callable, Sequence
 import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
-from torch._decomp import core_aten_decompositions, decomposition_table
+from torch._decomp import core_aten_decompositions
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor,
                                            FakeTensorMode)
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import uninteresting_files
 from torch.overrides import TorchFunctionMode
@@ -41,6 +41,21 @@ _VALUE_READS = {
     _Tensor.__int__, _Tensor.__index__, _Tensor.__repr__, _Tensor.__str__, _Tensor.__format__,
     _Tensor.__array__,
 }
+# Queries of a tensor's metadata: they record nothing, and the tracer's own bookkeeping
+# makes most of the torch calls a capture sees.
+_METADATA = {
+    *(getattr(_Tensor, name).__get__ for name in (
+        "layout", "shape", "dtype", "device", "requires_grad", "is_quantized", "ndim",
+        "is_sparse")),
+    _Tensor.stride, _Tensor.size, _Tensor.dim, _Tensor.numel, _Tensor.storage_offset,
+    _Tensor.is_contiguous,
+}
+_TRACED = (FakeTensor, FunctionalTensor)
+
+
+def _traced(t: torch.Tensor) -> bool:
+    """Whether `t` is the capture's own (fake, or functional over fake), not a real tensor."""
+    return isinstance(t, _TRACED) or torch._is_functional_tensor(t)
 
 
 class _CaptureMode(TorchFunctionMode):
@@ -57,14 +72,23 @@ class _CaptureMode(TorchFunctionMode):
         self.tensor_hook = tensor_hook
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _VALUE_READS:
-            raise TensorValueReadError(_value_read(getattr(func, "__name__", str(func)), self.hint))
         kwargs = kwargs or {}
+        if func in _METADATA and _traced(args[0]):
+            return func(*args, **kwargs)
+        if func in _VALUE_READS:
+            # FunctionalTensor's own `__bool__` and `tolist` read through `item`.
+            name = (func is _Tensor.item and _functional_value_read()) or func.__name__
+            raise TensorValueReadError(_value_read(name, self.hint))
         if self.tensor_hook is not None:
             args, kwargs = pytree.tree_map_only(
-                torch.Tensor, lambda t: t if isinstance(t, FakeTensor) else self.tensor_hook(t),
+                torch.Tensor, lambda t: t if _traced(t) else self.tensor_hook(t),
                 (args, kwargs))
         _refuse_write_into_constant(func, args, kwargs)
+        # A real tensor the step closed over becomes a constant of the graph; wrapped, what
+        # the step derives from it is functionalised like everything else.
+        args, kwargs = pytree.tree_map_only(
+            torch.Tensor, lambda t: t if _traced(t) else _functional_constant(t),
+            (args, kwargs))
         # Raised here, the user's frames stay in the traceback; `from None` drops the fake
         # tensor internals that would bury them.
         meta = fx_traceback.get_current_meta() if fx_traceback.has_preserved_node_meta() else {}
@@ -85,6 +109,52 @@ class _CaptureMode(TorchFunctionMode):
         finally:
             if own_trace:
                 meta.pop("stack_trace", None)
+
+
+def _functional_value_read() -> str | None:
+    """`__bool__` or `tolist` when one of FunctionalTensor's is reading a value through
+    `item` below this frame's caller."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return None
+        if frame.f_code in _FUNCTIONAL_READS:
+            return _FUNCTIONAL_READS[frame.f_code]
+        frame = frame.f_back
+    return None
+
+
+_FUNCTIONAL_READS = {FunctionalTensor.__bool__.__code__: "__bool__",
+                     FunctionalTensor.tolist.__code__: "tolist"}
+
+
+def _functional_constant(t: torch.Tensor) -> torch.Tensor:
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL)
+    if not isinstance(mode, _Functionalise):
+        return t
+    wrapped = mode.constants.get(id(t))
+    if wrapped is None:
+        # The tensor is kept in the entry, so its id is not reused during the capture.
+        wrapped = mode.constants[id(t)] = (t, FunctionalTensor.to_functional(t))
+    return wrapped[1]
+
+
+class _Functionalise(FunctionalTensorMode):
+    """Functionalisation for a capture. Ops that only check values a compiled step cannot
+    look at (`_linalg_check_errors`, which torch marks as having side effects) are left
+    out, and `constants` holds the functional stand-ins of real tensors the step uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.constants = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _VALUE_CHECKS:
+            return None
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+_VALUE_CHECKS = {torch.ops.aten._linalg_check_errors.default}
 
 
 def _stack_trace() -> str:
@@ -201,7 +271,7 @@ def _refuse_write_into_constant(func, args, kwargs):
     if name.startswith("_foreach_") and name.endswith("_") and args:
         targets = list(args[0])
     target = next((t for t in targets if isinstance(t, torch.Tensor)
-                   and not isinstance(t, FakeTensor)), None)
+                   and not _traced(t)), None)
     if target is not None:
         raise CaptureError(with_user_line(
             f"the step writes in place ({_name_of(func)}) into a tensor of shape "
@@ -294,52 +364,6 @@ def _point_gradients_at_forward(gm: fx.GraphModule):
             del node.meta["custom"][GRADIENT_OF]
 
 
-class _Replay(fx.Interpreter):
-    """Runs the first pass's graph with its tensor constants taken from `lifted`: passed
-    in as inputs, they are functionalised like any input, so in-place ops on them (a mask
-    made from a constant, `torch.tensor(...).mul_(2)`) become functional ops."""
-
-    def __init__(self, gm, lifted):
-        super().__init__(gm)
-        self.lifted = lifted
-
-    def get_attr(self, target, args, kwargs):
-        if target in self.lifted:
-            return self.lifted[target]
-        return super().get_attr(target, args, kwargs)
-
-
-def _tensor_constants(gm: fx.GraphModule) -> dict:
-    found = {}
-    for node in gm.graph.nodes:
-        if node.op == "get_attr" and node.target not in found:
-            value = operator.attrgetter(node.target)(gm)
-            if isinstance(value, torch.Tensor):
-                found[node.target] = value
-    return found
-
-
-def _constants_back(gm: fx.GraphModule, constants: list, first: int):
-    """Turn the placeholders from `first` on, the lifted constants, back into constants."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][first:]
-    for i, (node, value) in enumerate(zip(placeholders, constants)):
-        name = f"_lifted_constant{i}"
-        while hasattr(gm, name):
-            name += "_"
-        setattr(gm, name, value)  # a plain attribute, as make_fx keeps its own constants
-        with gm.graph.inserting_after(node):
-            constant = gm.graph.create_node("get_attr", name)
-        constant.meta = dict(node.meta)
-        node.replace_all_uses_with(constant)
-        gm.graph.erase_node(node)
-
-
-# Ops whose schema hides an in-place update from functionalisation (native_batch_norm
-# writes the running statistics without declaring it). The first pass replaces them by
-# ops that declare it, so the second pass sees the mutation.
-_HIDDEN_MUTATIONS = {op: decomposition_table[op] for op in (torch.ops.aten.native_batch_norm.default,)}
-
-
 def decompositions():
     """The decomposition table captured graphs are reduced with.
 
@@ -362,18 +386,36 @@ def decompositions():
         if (op not in table and op not in LOWERINGS and isinstance(op, torch._ops.OpOverload)
                 and "out" not in op._overloadname and not op.name().endswith("_")):
             table[op] = fn
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    if flash in table:
+        table[flash] = _kernel_layout_attention(table[flash])
     _decompositions[:] = [stamp, table]
     return table
+
+
+def _kernel_layout_attention(decomposition):
+    """CPU flash attention's decomposition with the kernel's output layout.
+
+    The step's own code sees the decomposed ops' outputs, so their strides must be the
+    kernel's. The kernel lays its output out in the query's memory order; torch's
+    decomposition always in [L, N, H, E] order. GPT-2 merges heads with
+    `.transpose(1, 2).reshape(...)` and then `.view`s the result, which works only on the
+    kernel's layout."""
+    def attention(query, *args, **kwargs):
+        out, *rest = decomposition(query, *args, **kwargs)
+        order = sorted(range(query.dim()), key=lambda d: -query.stride(d))
+        inverse = sorted(range(query.dim()), key=order.__getitem__)
+        return (out.permute(order).contiguous().permute(inverse), *rest)
+    return attention
 
 
 @dataclass
 class CaptureStats:
     """Time this process spent capturing: `tracing_seconds` running functions on fake
-    tensors under autograd (the first pass), `functional_seconds` replaying those graphs
-    functionalised and decomposed to core ATen (the second); `captures` counts them."""
+    tensors under autograd, functionalised and decomposed to core ATen; `captures` counts
+    them."""
     captures: int = 0
     tracing_seconds: float = 0.0
-    functional_seconds: float = 0.0
 
 
 capture_stats = CaptureStats()
@@ -393,13 +435,15 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
             library: Sequence[str] = ()) -> fx.GraphModule:
     """Trace ``fn(*inputs) -> sequence of tensors`` into a functional core-ATen graph.
 
-    `inputs` give shapes and dtypes only; `fn` runs on fake tensors and never sees their
-    data. Inputs flagged in `requires_grad` are autograd leaves, so `fn` may call
-    `backward()` on a loss computed from them and read their `.grad`. In-place updates of
-    inputs are visible only through what `fn` returns: return every tensor whose new value
-    matters. Reading a tensor's value inside `fn` raises `TensorValueReadError` with
-    `value_read_hint` appended. With `check_lowerings`, an op that has no JAX lowering
-    raises `LoweringError` here, naming the op, its overload and the user's source line.
+    `inputs` give shapes and dtypes only; `fn` runs on fake tensors (functional tensors over
+    fake ones) and never sees their data. Inputs flagged in `requires_grad` are autograd
+    leaves, so `fn` may call `backward()` on a loss computed from them and read their
+    `.grad`. In-place updates of inputs are visible only through what `fn` returns: return
+    every tensor whose new value matters. `torch.compiler.is_compiling()` is true while
+    `fn` runs, so library code takes its compile-friendly paths. Reading a tensor's value
+    inside `fn` raises `TensorValueReadError` with `value_read_hint` appended. With
+    `check_lowerings`, an op that has no JAX lowering raises `LoweringError` here, naming
+    the op, its overload and the user's source line.
     `tensor_hook(t)` sees every real tensor an op inside `fn` receives (one `fn` closed
     over rather than took as an input) and returns the tensor the op uses in its place;
     a real tensor it lets through becomes a constant of the graph. In-place ops on
@@ -413,18 +457,19 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     """
     requires_grad = list(requires_grad or [False] * len(inputs))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode:
+        # From shape and dtype only: a lazily created tensor stays unmaterialised.
+        fakes = [torch.empty(tuple(t.shape), dtype=t.dtype) for t in inputs]
 
-    def fakes(grad_flags):
-        with fake_mode:
-            out = []
-            for t, g in zip(inputs, grad_flags):
-                # From shape and dtype only: a lazily created tensor stays unmaterialised.
-                f = torch.empty(tuple(t.shape), dtype=t.dtype)
-                out.append(f.requires_grad_(True) if g else f)
-            return out
-
-    def flat_fn(*args):
-        return list(fn(*args))
+    def functional_fn(*args):
+        with _Functionalise():
+            wrapped = [FunctionalTensor.to_functional(a) for a in args]
+            # Leaves of the functional tensors, so that backward() fills their `.grad`.
+            for w, g in zip(wrapped, requires_grad):
+                if g:
+                    w.requires_grad_(True)
+            outs = list(fn(*wrapped))
+        return [_unwrap(o) for o in outs]
 
     code = _anchor_stack_traces(user_fn if user_fn is not None else fn)
     token = _user_code.set((frozenset([code] if code else []),
@@ -432,59 +477,44 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     capture_stats.captures += 1
     start = time.perf_counter()
     try:
-        # Node meta kept in this pass gives forward ops their autograd `seq_nr`, which
-        # `_gradients_marked` ties the backward ops to.
+        # Node meta kept while tracing gives forward ops their autograd `seq_nr`, which
+        # `_gradients_marked` ties the backward ops to. Library code that skips its
+        # value-dependent checks under torch.compile (transformers' masks) skips them here.
         with fake_mode, _CaptureMode(value_read_hint, tensor_hook), \
-                fx_traceback.preserve_node_meta(), torch.enable_grad():
-            autograd_graph = make_fx(flat_fn, decomposition_table=_HIDDEN_MUTATIONS,
-                                     record_stack_traces=True)(*fakes(requires_grad))
+                fx_traceback.preserve_node_meta(), torch.enable_grad(), _compiling():
+            graph = make_fx(functional_fn, decomposition_table=decompositions(),
+                            record_stack_traces=True)(*fakes)
+        _point_gradients_at_forward(graph)
+        _drop_profiler_ops(graph)
+        graph.graph.eliminate_dead_code()
+        graph.recompile()
     finally:
         _user_code.reset(token)
         capture_stats.tracing_seconds += time.perf_counter() - start
-    start = time.perf_counter()
-    _point_gradients_at_forward(autograd_graph)
-    constants = _tensor_constants(autograd_graph)
-
-    def replay(*args):
-        lifted = dict(zip(constants, args[len(inputs):]))
-        return _Replay(autograd_graph, lifted).run(*args[:len(inputs)])
-
-    with fake_mode, fx_traceback.preserve_node_meta():
-        functional = torch.func.functionalize(replay, remove="mutations_and_views")
-        lifted = [torch.empty_strided(tuple(c.shape), tuple(c.stride()), dtype=c.dtype)
-                  for c in constants.values()]
-        # Replayed nodes carry the first pass's traces; a new walk of this stack would find
-        # no frame of the user's.
-        graph = make_fx(functional, decomposition_table=decompositions(),
-                        record_stack_traces=False)(*fakes([False] * len(inputs)), *lifted)
-    _drop_profiler_ops(graph)
-    _outputs_after_mutation(graph)
-    _constants_back(graph, list(constants.values()), len(inputs))
-    graph.graph.eliminate_dead_code()
-    graph.recompile()
-    capture_stats.functional_seconds += time.perf_counter() - start
     if check_lowerings:
         from bridge.lower import check_lowerable
         check_lowerable(graph)
     return graph
 
 
-def _outputs_after_mutation(gm: fx.GraphModule):
-    """Functionalisation writes mutated inputs back with trailing `copy_(input, value)` and
-    may still return the input itself (a kernel such as batch norm mutated it in place).
-    The function returned that tensor after the mutation, so the graph returns `value`;
-    the write-backs then have nothing left to do and go."""
-    final = {}
-    for node in gm.graph.nodes:
-        if (node.op == "call_function" and node.target is torch.ops.aten.copy_.default
-                and node.args[0].op == "placeholder"):
-            final[node.args[0]] = node.args[1]
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    output.args = fx.node.map_arg(output.args, lambda n: final.get(n, n))
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default \
-                and node.args[0] in final:
-            gm.graph.erase_node(node)
+def _unwrap(t):
+    """The value a functional tensor holds after every update made to it."""
+    if not isinstance(t, FunctionalTensor):
+        return t
+    torch._sync(t)
+    return torch._from_functional_tensor(t.elem)
+
+
+@contextlib.contextmanager
+def _compiling():
+    """`torch.compiler.is_compiling()` is true inside, as torch.export sets it while it
+    traces Python code."""
+    before = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = before
 
 
 def _anchor_stack_traces(fn):
@@ -492,8 +522,7 @@ def _anchor_stack_traces(fn):
 
     make_fx records only frames named `forward` (nn.Module code) unless a function is
     registered as an anchor; a step function is not a `forward`, and without its frames an
-    error about an op could not point at the user's line. The second pass copies the
-    first pass's `stack_trace` through `preserve_node_meta`. Returns `fn`'s code object.
+    error about an op could not point at the user's line. Returns `fn`'s code object.
     """
     target = getattr(fn, "__func__", fn)
     if not hasattr(target, "__code__"):

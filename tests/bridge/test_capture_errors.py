@@ -144,10 +144,15 @@ def if_step(x):
     return -x
 
 
+def tolist_step(x):
+    return x * len([v for v in x.tolist() if v > 0])
+
+
 @pytest.mark.parametrize("fn, text, how", [
     (item_step, "x.sum().item()", "item"),
     (print_step, "print(x)", "__repr__"),
     (if_step, "if x.sum() > 0:", "__bool__"),
+    (tolist_step, "x.tolist()", "tolist"),
 ])
 def test_value_read_keeps_the_offending_line(backend, fn, text, how):
     step = cstorch.trace(fn)

@@ -1,0 +1,152 @@
+"""The capture runs the step's Python once, functionalising and decomposing as it traces:
+what the step's own code sees of a decomposed op (its strides) is what eager code sees,
+and library code can tell that it is being compiled."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import bridge
+import cerebras.pytorch as cstorch
+
+
+@pytest.fixture
+def backend():
+    return cstorch.backend("CPU")
+
+
+class HeadsMergedWithView(nn.Module):
+    """Attention whose heads are merged as GPT-2 merges them: `.transpose(1, 2)`, a
+    reshape, then `.view`, which only works on the attention kernel's memory order."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.strides = []
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+                   for t in self.qkv(x).split(d, dim=2))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        self.strides.append(o.stride())
+        merged = o.transpose(1, 2).reshape(b, n, d)
+        return self.out(merged.view(-1, d)).view(b, n, d)
+
+
+def test_attention_output_keeps_the_kernels_layout_in_the_step(backend):
+    torch.manual_seed(0)
+    eager = HeadsMergedWithView()
+    traced_model = HeadsMergedWithView()
+    traced_model.load_state_dict(eager.state_dict())
+    model = cstorch.compile(traced_model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x):
+        loss = model(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    for _ in range(3):
+        x = torch.randn(2, 8, 16)
+        got = float(step(x))
+        want = eager(x).square().mean()
+        eager_optimizer.zero_grad()
+        want.backward()
+        eager_optimizer.step()
+        assert got == pytest.approx(want.item(), rel=1e-5)
+    assert step.captures == 1
+    assert traced_model.strides[0] == eager.strides[0] == (128, 8, 16, 1)
+    for name, value in eager.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name].cpu(), value, rtol=1e-5, atol=1e-6)
+
+
+def test_is_compiling_inside_the_step_only(backend):
+    seen = []
+
+    @cstorch.trace
+    def step(x):
+        seen.append(torch.compiler.is_compiling())
+        return x * 2
+
+    torch.testing.assert_close(torch.as_tensor(step(torch.ones(3))), torch.full((3,), 2.0))
+    assert seen == [True]
+    assert not torch.compiler.is_compiling()
+
+
+def test_one_traced_run_of_the_function():
+    calls = []
+
+    def fn(x, w):
+        calls.append(1)
+        w.mul_(2)
+        return [w, (x * w).sum()]
+
+    graph = bridge.capture(fn, [torch.zeros(3), torch.zeros(3)])
+    assert len(calls) == 1
+    targets = {n.target for n in graph.graph.nodes if n.op == "call_function"}
+    assert not any(getattr(t, "_schema", None) is not None and t._schema.is_mutable
+                   for t in targets), targets
+    w, x = torch.randn(3), torch.randn(3)
+    new_w, total = graph(x, w.clone())
+    torch.testing.assert_close(new_w, w * 2)
+    torch.testing.assert_close(total, (x * w * 2).sum())
+
+
+def _kernel_strides_audit(monkeypatch):
+    """Wrap every decomposition so that it also runs the op's own fake kernel and records
+    the ops whose decomposed outputs have other strides than the kernel's."""
+    import sys
+    import torch.utils._pytree as pytree
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    capture_module = sys.modules["bridge.capture"]
+    table, mismatched = capture_module.decompositions(), {}
+
+    def checked(op, decomposition):
+        def run(*args, **kwargs):
+            out = decomposition(*args, **kwargs)
+            with disable_proxy_modes_tracing():
+                kernel = op(*args, **kwargs)
+            # Flash attention's decomposition returns the attention weights where the
+            # kernel returns logsumexp, which no user code sees: only like shapes compare.
+            for got, want in zip(pytree.tree_leaves(out), pytree.tree_leaves(kernel)):
+                if (isinstance(got, torch.Tensor) and got.shape == want.shape
+                        and got.dim() > 1 and got.numel() > 1
+                        and got.stride() != want.stride()):
+                    mismatched[str(op)] = (tuple(got.shape), got.stride(), want.stride())
+            return out
+        return run
+
+    wrapped = {op: checked(op, fn) for op, fn in table.items()}
+    monkeypatch.setattr(capture_module, "decompositions", lambda: wrapped)
+    return mismatched
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_decomposed_ops_keep_the_kernels_strides(backend, monkeypatch, batch_first):
+    mismatched = _kernel_strides_audit(monkeypatch)
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=batch_first,
+                                       norm_first=True)
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1))
+    modules = nn.ModuleList([layer, conv, HeadsMergedWithView()])
+    model = cstorch.compile(modules)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x, image, tokens):
+        loss = (modules[0](x).square().mean() + modules[1](image).mean()
+                + modules[2](tokens).square().mean())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    step(torch.randn(2, 5, 8), torch.randn(2, 3, 6, 6), torch.randn(2, 8, 16))
+    assert step.captures == 1
+    assert not mismatched, mismatched
