@@ -79,16 +79,24 @@ class _CaptureMode(TorchFunctionMode):
             # FunctionalTensor's own `__bool__` and `tolist` read through `item`.
             name = (func is _Tensor.item and _functional_value_read()) or func.__name__
             raise TensorValueReadError(_value_read(name, self.hint))
-        if self.tensor_hook is not None:
-            args, kwargs = pytree.tree_map_only(
-                torch.Tensor, lambda t: t if _traced(t) else self.tensor_hook(t),
-                (args, kwargs))
+        real = []
+
+        def stand_in(t):
+            if _traced(t):
+                return t
+            t = t if self.tensor_hook is None else self.tensor_hook(t)
+            if not _traced(t):
+                real.append(t)
+            return t
+
+        args, kwargs = pytree.tree_map_only(torch.Tensor, stand_in, (args, kwargs))
         _refuse_write_into_constant(func, args, kwargs)
-        # A real tensor the step closed over becomes a constant of the graph; wrapped, what
-        # the step derives from it is functionalised like everything else.
-        args, kwargs = pytree.tree_map_only(
-            torch.Tensor, lambda t: t if _traced(t) else _functional_constant(t),
-            (args, kwargs))
+        if real:
+            # A real tensor the step closed over becomes a constant of the graph; wrapped,
+            # what the step derives from it is functionalised like everything else.
+            args, kwargs = pytree.tree_map_only(
+                torch.Tensor, lambda t: t if _traced(t) else _functional_constant(t),
+                (args, kwargs))
         # Raised here, the user's frames stay in the traceback; `from None` drops the fake
         # tensor internals that would bury them.
         meta = fx_traceback.get_current_meta() if fx_traceback.has_preserved_node_meta() else {}

@@ -32,6 +32,8 @@ def trace(step_fn):
     function and compiled by XLA; every later call with arguments of the same shapes runs
     only that executable. No tensor value may be read inside the step (no printing, no
     `.item()`, no Python conditionals on tensors): use a `step_closure` to read values.
+    While the step is captured, `torch.compiler.is_compiling()` is true, so library code
+    (transformers' masks, say) skips checks that would read values.
     """
     return TracedStep(step_fn)
 
