@@ -112,7 +112,6 @@ def training_table(results, rate) -> str:
         floor_ms = r["flops"] / (rate * 1e9) * 1e3
         peers = r["peers"]
         ours = peers.get("cstorch", {})
-        ours_ms = statistics.median(ours["ms"]) if ours.get("ms") else None
         lines.append(f"| {name} | physical floor: {r['flops'] / 1e9:.3g} GFLOP/step at "
                      f"{rate:.0f} GFLOP/s | {_ms(floor_ms)} | | | 100% | | |")
         for peer in ORDER:
@@ -123,7 +122,9 @@ def training_table(results, rate) -> str:
                 lines.append(f"| {name} | {TITLES[peer]} | failed: {p['error']} | | | | | |")
                 continue
             med, lo, hi = _stats(p["ms"])
-            ratio = f"{med / ours_ms:.2f}x" if ours_ms else ""
+            # Paired pass by pass, so that the machine's drift between passes cancels.
+            pairs = [a / b for a, b in zip(p["ms"], ours.get("ms") or ())]
+            ratio = f"{statistics.median(pairs):.2f}x" if pairs else ""
             lines.append(f"| {name} | {TITLES[peer]} | {_ms(med)} | {_ms(lo)}-{_ms(hi)} | "
                          f"{ratio} | {100 * floor_ms / med:.1f}% | {p['first_step_s']:.2f} | "
                          f"{'' if p.get('loss') is None else format(p['loss'], '.6f')} |")
@@ -193,8 +194,10 @@ def report(command, where, results, rate, quick) -> str:
              + (" Quick mode: few steps and passes, a smoke test, not a measurement." if quick
                 else ""), ""]
     parts += ["Medians over the timed passes after a warm-up pass; the spread is min-max over the "
-              "passes. The loss is read on the host after every step. `cstorch speed vs peer` is "
-              "the peer's ms/step over cstorch's (above 1: cstorch is faster). The physical floor "
+              "passes. The loss is read on the host after every step. The peers take turns pass "
+              "by pass, in an order shuffled for each pass. `cstorch speed vs peer` is the "
+              "median over the passes of the peer's ms/step over cstorch's in the same pass "
+              "(above 1: cstorch is faster). The physical floor "
               "is the workload's FLOPs per step (forward and backward, counted from the shapes by "
               "PyTorch's FlopCounterMode) over this machine's float32 matmul rate, "
               f"{rate[0]:.0f} GFLOP/s (median; {rate[1]:.0f}-{rate[2]:.0f}) for a jitted "

@@ -6,13 +6,15 @@
 training workload's peers (benchmarks/peers.py) run the same batches from the same initial
 values: one warm-up pass each (capture and compilation happen there; its first step is
 timed on its own), then `repeats` timed passes of `steps` steps, the peers taking turns pass
-by pass so that a slow spell of the machine hits them all alike. The loss is read on the
+by pass so that a slow spell of the machine hits them all alike, in an order shuffled
+from pass to pass. The loss is read on the
 host after every step. The `executor` workload times the mlp-tiny traced step under a
 `DataExecutor` against a bare Python loop over the same batches.
 """
 import argparse
 import copy
 import json
+import random
 import time
 import traceback
 
@@ -76,8 +78,14 @@ def measure(name: str, steps: int, repeats: int, peers=peer_makers.ORDER) -> dic
             last[peer] = loss = run(*args)
             return loss
         return step
+    # The order is shuffled pass by pass: a peer's pass can run slower after one peer than
+    # after another (their threads and heap), and a fixed order would charge that to one.
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
-        for peer, run in list(runs.items()):
+        order = list(runs)
+        shuffle(order)
+        for peer in order:
+            run = runs[peer]
             try:
                 out[peer]["ms"].append(one_pass(keeping_the_loss(peer, run), data, READ_EVERY))
             except Exception as e:  # noqa: BLE001 - reported in the table

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from benchmarks import __main__ as suite
 
@@ -23,7 +24,8 @@ def test_the_table_gives_ratios_to_cstorch_the_floor_share_and_failed_peers():
     table = suite.training_table(results, rate=100.0)   # 2 GFLOP at 100 GFLOP/s: 20 ms
     rows = {line.split(" | ")[1]: line for line in table.splitlines()[2:]}
     assert "| 20.00 |" in rows["physical floor: 2 GFLOP/step at 100 GFLOP/s"]
-    assert "| 30.00 | 20.00-40.00 | 2.73x | 66.7% |" in rows["eager PyTorch"]
+    # The ratio pairs the passes (30/10, 20/12, 40/11): not the ratio of medians (2.73x).
+    assert "| 30.00 | 20.00-40.00 | 3.00x | 66.7% |" in rows["eager PyTorch"]
     assert "| 11.00 | 10.00-12.00 | 1.00x | 181.8% |" in rows["cstorch traced step (CPU backend)"]
     assert "failed: RuntimeError: no compiler" in rows["torch.compile (inductor, CPU)"]
     assert "not run: project rule" in rows["torchax"]
@@ -76,3 +78,25 @@ def test_the_report_says_the_steal_time_of_each_workload():
     text = suite.report("python -m benchmarks", "here", results, (100.0, 90.0, 110.0), False)
     assert "2 timed passes; steal time 12.5%" in text
     assert "(benchmarks/harness.py); steal time 0.4%." in text
+
+
+def test_the_peers_take_turns_in_an_order_shuffled_pass_by_pass(monkeypatch):
+    from benchmarks import harness
+    from benchmarks import peers as makers
+    calls = []
+
+    def fake(name):
+        def make(workload, model):
+            def run(*args):
+                calls.append(name)
+                return torch.zeros(())
+            return run
+        return make
+    monkeypatch.setattr(makers, "MAKERS", {p: fake(p) for p in makers.ORDER})
+    result = harness.measure("mlp-tiny", steps=1, repeats=6)
+    assert all(len(p["ms"]) == 6 for p in result["peers"].values())
+    n = len(makers.ORDER)
+    timed = calls[2 * n:]   # after each peer's first step and warm-up pass
+    passes = [tuple(timed[i:i + n]) for i in range(0, len(timed), n)]
+    assert all(sorted(p) == sorted(makers.ORDER) for p in passes)
+    assert len(set(passes)) > 1
