@@ -387,34 +387,15 @@ def decompositions():
     if _decompositions[0] == stamp:
         return _decompositions[1]
     table = core_aten_decompositions()
-    for op in _WRONG_DECOMPOSITIONS:
+    for op in _WRONG_DECOMPOSITIONS + _KEPT_WHOLE:
         if op in LOWERINGS:
             table.pop(op, None)
     for op, fn in decomposition_table.items():
         if (op not in table and op not in LOWERINGS and isinstance(op, torch._ops.OpOverload)
                 and "out" not in op._overloadname and not op.name().endswith("_")):
             table[op] = fn
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-    if flash in table:
-        table[flash] = _kernel_layout_attention(table[flash])
     _decompositions[:] = [stamp, table]
     return table
-
-
-def _kernel_layout_attention(decomposition):
-    """CPU flash attention's decomposition with the kernel's output layout.
-
-    The step's own code sees the decomposed ops' outputs, so their strides must be the
-    kernel's. The kernel lays its output out in the query's memory order; torch's
-    decomposition always in [L, N, H, E] order. GPT-2 merges heads with
-    `.transpose(1, 2).reshape(...)` and then `.view`s the result, which works only on the
-    kernel's layout."""
-    def attention(query, *args, **kwargs):
-        out, *rest = decomposition(query, *args, **kwargs)
-        order = sorted(range(query.dim()), key=lambda d: -query.stride(d))
-        inverse = sorted(range(query.dim()), key=order.__getitem__)
-        return (out.permute(order).contiguous().permute(inverse), *rest)
-    return attention
 
 
 @dataclass
@@ -434,6 +415,9 @@ _decompositions = [None, None]   # [len(LOWERINGS) it was built for, the table]
 # is used instead. multilabel_margin_loss_forward's also counts a frame's targets after
 # its first -1, which end the frame's target list.
 _WRONG_DECOMPOSITIONS = (torch.ops.aten.multilabel_margin_loss_forward.default,)
+# Core-ATen decompositions whose op is cheaper lowered whole: CPU flash attention's
+# forward and backward lowerings share the softmax (bridge/ops/attention.py).
+_KEPT_WHOLE = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,)
 
 
 def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],

@@ -201,3 +201,35 @@ def test_harness_judges_against_float64_where_eager_float32_misses():
     for worse in ([100.0, 3.0e-5, -3.0], [100.0, 0.0, -2.9999], [100.0, float("nan"), -3.0]):
         with pytest.raises(AssertionError):
             compare_to_reference(eager, torch.tensor(worse), reference)
+
+
+# -- CPU flash attention: lowered whole, the backward in the flash form --------------------
+
+def _attention_inputs(seed=0):
+    q, k, v = (_randn(2, 3, 6, 4, seed=seed + i) for i in range(3))
+    mask = _randn(6, 6, seed=seed + 3)
+    mask[2] = float("-inf")   # a query that sees no key: output, logsumexp and grads are 0
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_flash_attention_output_logsumexp_and_gradients(causal):
+    q, k, v, mask = _attention_inputs()
+    _check(lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, is_causal=causal, attn_mask=mask, scale=0.3), [q, k, v], [True] * 3)
+
+
+def test_cpu_flash_attention_is_not_decomposed():
+    q, k, v, _ = _attention_inputs()
+    graph = bridge.capture(lambda q, k, v: [F.scaled_dot_product_attention(q, k, v).sum()],
+                           [q, k, v])
+    ops = {n.target for n in graph.graph.nodes if n.op == "call_function"}
+    assert aten._scaled_dot_product_flash_attention_for_cpu.default in ops
+    assert aten.bmm.default not in ops
+
+
+def test_cpu_flash_attention_with_dropout_is_refused():
+    q, k, v, _ = _attention_inputs()
+    lower = LOWERINGS[aten._scaled_dot_product_flash_attention_for_cpu.default]
+    with pytest.raises(NotImplementedError, match="dropout_p=0.1.*math path"):
+        lower(*(bridge.tensor_to_jax(t) for t in (q, k, v)), 0.1)
