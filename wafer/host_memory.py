@@ -9,11 +9,19 @@ kernel zeroes each page (docs/benchmarks.md has the measurements).
 
 `keep_buffers_mapped()` asks glibc to serve every allocation from one heap that it does
 not give back to the system below 2 GiB of free space at its top, so that a freed buffer
-is reused by the next step. This is a process-wide trade: the process keeps the memory
-it has freed, as a caching allocator does. A user who sets any of glibc's malloc
-variables (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_MAX_`, `MALLOC_TRIM_THRESHOLD_`, ..., or a
-`glibc.malloc.*` tunable in `GLIBC_TUNABLES`) keeps their own settings and this does
-nothing.
+is reused by the next step. One heap means one arena, and a thread takes its arena at its
+first allocation: a thread that allocated before the limit keeps an arena of its own, and
+glibc then hands that arena, in turn with the main one, to threads started later, XLA's
+among them. An arena other than the main one is made of 64 MB heaps that glibc unmaps as
+soon as they are free, so a step whose buffers land there faults them in afresh (5 to 27
+thousand pages a step for the transformer-lm benchmark, depending on which threads got
+it). `one_arena()` therefore sets the limit alone, early: `cstorch` calls it when it is
+imported, before a model's initialisation starts PyTorch's OpenMP threads.
+
+This is a process-wide trade: the process keeps the memory it has freed, as a caching
+allocator does. A user who sets any of glibc's malloc variables (`MALLOC_ARENA_MAX`,
+`MALLOC_MMAP_MAX_`, `MALLOC_TRIM_THRESHOLD_`, ..., or a `glibc.malloc.*` tunable in
+`GLIBC_TUNABLES`) keeps their own settings and neither function changes anything.
 """
 import ctypes
 import os
@@ -32,6 +40,7 @@ _USER_SETTINGS = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
                   "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
 _applied: Optional[bool] = None
+_one_arena: Optional[bool] = None
 
 
 def _glibc():
@@ -52,6 +61,18 @@ def user_tuned_malloc(environ=os.environ) -> bool:
             or "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""))
 
 
+def one_arena() -> bool:
+    """Limit glibc's malloc to its main arena for every thread that has not allocated yet
+    (see the module's docstring), unless the user set glibc's malloc. Returns whether the
+    limit is in force."""
+    global _one_arena
+    if _one_arena is None:
+        libc = _glibc()
+        _one_arena = bool(libc is not None and not user_tuned_malloc()
+                          and libc.mallopt(_M_ARENA_MAX, 1))
+    return _one_arena
+
+
 def keep_buffers_mapped() -> bool:
     """Make glibc reuse freed buffers instead of unmapping them (see the module's
     docstring). Returns whether the settings are in force; the first call decides, later
@@ -63,9 +84,8 @@ def keep_buffers_mapped() -> bool:
             _applied = False
         else:
             # One arena: a thread's own arena cannot hold a buffer above 64 MB, and then
-            # glibc maps it whatever M_MMAP_MAX says. Threads that already have an arena
-            # keep it; XLA's execution threads take theirs at their first allocation.
-            _applied = bool(libc.mallopt(_M_ARENA_MAX, 1)
+            # glibc maps it whatever M_MMAP_MAX says.
+            _applied = bool(one_arena()
                             and libc.mallopt(_M_MMAP_MAX, 0)
                             and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
     return _applied

@@ -23,6 +23,10 @@ from cstorch.backends import csx
 from cstorch.lazy_init import Device
 from cstorch.state import RunState
 
+# Before the user's code starts threads: a thread that allocates before glibc is held to one
+# arena keeps one of its own, and XLA's threads may later be handed it (wafer.host_memory).
+wafer.host_memory.one_arena()
+
 _PARAMS = {
     "CSX": {"artifact_dir": None, "compile_dir": "/opt/cerebras/cached_compile",
             "compile_only": False, "validate_only": False, "drop_data": False,
@@ -70,7 +74,8 @@ class Backend:
     on CPU and GPU they are created eagerly by PyTorch (`cstorch.lazy_init`).
     A CPU or CSX backend, made before JAX's CPU client, asks glibc to keep freed buffers
     for reuse (`wafer.keep_buffers_mapped`), so that each step reuses its scratch memory
-    instead of faulting fresh pages in; a user's own `MALLOC_*` variable or
+    instead of faulting fresh pages in; for that, importing cstorch already holds glibc to
+    one malloc arena (`wafer.host_memory.one_arena`). A user's own `MALLOC_*` variable or
     `glibc.malloc.*` tunable leaves glibc as the user set it.
     On a CPU backend `mixed_precision=True` runs every compiled module's forward pass under
     `cstorch.amp.autocast()` (bfloat16 on the CPU).

@@ -15,22 +15,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # A step whose intermediate (a 64 MB cumulative sum, feeding two reductions) lives in the
 # program's scratch buffer, allocated and freed by every call.
 STEPS = r"""
-import json, resource
+import ctypes, json, resource
 import torch
 import cerebras.pytorch as cstorch
 import wafer
 
-backend = cstorch.backend("CPU")
 torch.manual_seed(0)
 x, w = torch.randn(4096, 4096), torch.randn(4096, 16)
+# Eager PyTorch first, as a script that builds its model before the backend: its OpenMP
+# threads allocate before XLA's threads exist.
+y = torch.cumsum(x, 0)
+expected = float((y @ w).sum() + y.tanh().sum())
+backend = cstorch.backend("CPU")
 
 @cstorch.trace
 def step(x, w):
     y = torch.cumsum(x, 0)
     return (y @ w).sum() + y.tanh().sum()
 
-y = torch.cumsum(x, 0)
-expected = float((y @ w).sum() + y.tanh().sum())
 # The heap grows to the most buffers alive at once (a call's buffers can outlive the
 # next call's start), a few calls' worth.
 for _ in range(12):
@@ -42,6 +44,7 @@ for _ in range(16):
     float(step(x, w))
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 print(json.dumps({"applied": wafer.keep_buffers_mapped(), "faults": sorted(faults)[8], "all": faults}))
+ctypes.CDLL("libc.so.6").malloc_stats()   # to stderr: a section per arena
 """
 
 
@@ -53,7 +56,8 @@ def _run(extra_env):
     proc = subprocess.run([sys.executable, "-c", STEPS], env=env, capture_output=True,
                           text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]),
+            "arenas": proc.stderr.count("Arena ")}
 
 
 @pytest.mark.skipif(host_memory._glibc() is None, reason="glibc's mallopt is Linux/glibc only")
@@ -67,6 +71,11 @@ def test_cpu_steps_reuse_their_buffers_unless_the_user_set_malloc():
     # buffer is kept.
     assert untouched["faults"] > 0.8 * 2**26 / page, untouched
     assert tuned["faults"] < 0.1 * 2**26 / page, tuned
+    # Every thread shares the main arena, eager PyTorch's OpenMP threads too: importing
+    # cstorch set the limit before they allocated. With glibc's default they take arenas
+    # of their own, which XLA's threads are later handed in turn with the main one.
+    assert tuned["arenas"] == 1, tuned
+    assert untouched["arenas"] > 1, untouched
 
 
 def test_not_applied_off_glibc(monkeypatch):
