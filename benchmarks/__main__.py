@@ -124,7 +124,8 @@ def training_table(results, rate) -> str:
             med, lo, hi = _stats(p["ms"])
             # Paired pass by pass, so that the machine's drift between passes cancels.
             pairs = [a / b for a, b in zip(p["ms"], ours.get("ms") or ())]
-            ratio = f"{statistics.median(pairs):.2f}x" if pairs else ""
+            ratio = (f"{statistics.median(pairs):.2f}x ({min(pairs):.2f}-{max(pairs):.2f})"
+                     if pairs else "")
             lines.append(f"| {name} | {TITLES[peer]} | {_ms(med)} | {_ms(lo)}-{_ms(hi)} | "
                          f"{ratio} | {100 * floor_ms / med:.1f}% | {p['first_step_s']:.2f} | "
                          f"{'' if p.get('loss') is None else format(p['loss'], '.6f')} |")
@@ -196,8 +197,8 @@ def report(command, where, results, rate, quick) -> str:
     parts += ["Medians over the timed passes after a warm-up pass; the spread is min-max over the "
               "passes. The loss is read on the host after every step. The peers take turns pass "
               "by pass, in an order shuffled for each pass. `cstorch speed vs peer` is the "
-              "median over the passes of the peer's ms/step over cstorch's in the same pass "
-              "(above 1: cstorch is faster). The physical floor "
+              "median over the passes of the peer's ms/step over cstorch's in the same pass, "
+              "with their min-max (above 1: cstorch is faster). The physical floor "
               "is the workload's FLOPs per step (forward and backward, counted from the shapes by "
               "PyTorch's FlopCounterMode) over this machine's float32 matmul rate, "
               f"{rate[0]:.0f} GFLOP/s (median; {rate[1]:.0f}-{rate[2]:.0f}) for a jitted "

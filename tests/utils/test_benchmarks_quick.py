@@ -1,5 +1,6 @@
 """`python -m benchmarks`: the table it prints, from made-up results and from a quick run."""
 import os
+import re
 import subprocess
 import sys
 
@@ -25,8 +26,9 @@ def test_the_table_gives_ratios_to_cstorch_the_floor_share_and_failed_peers():
     rows = {line.split(" | ")[1]: line for line in table.splitlines()[2:]}
     assert "| 20.00 |" in rows["physical floor: 2 GFLOP/step at 100 GFLOP/s"]
     # The ratio pairs the passes (30/10, 20/12, 40/11): not the ratio of medians (2.73x).
-    assert "| 30.00 | 20.00-40.00 | 3.00x | 66.7% |" in rows["eager PyTorch"]
-    assert "| 11.00 | 10.00-12.00 | 1.00x | 181.8% |" in rows["cstorch traced step (CPU backend)"]
+    assert "| 30.00 | 20.00-40.00 | 3.00x (1.67-3.64) | 66.7% |" in rows["eager PyTorch"]
+    assert ("| 11.00 | 10.00-12.00 | 1.00x (1.00-1.00) | 181.8% |"
+            in rows["cstorch traced step (CPU backend)"])
     assert "failed: RuntimeError: no compiler" in rows["torch.compile (inductor, CPU)"]
     assert "not run: project rule" in rows["torchax"]
 
@@ -51,7 +53,8 @@ def test_a_quick_run_prints_ratio_rows():
     peers = {line.split(" | ")[1]: line for line in rows}
     assert "physical floor" in rows[0]
     for peer in ("eager PyTorch", "hand-written jax.jit", "cstorch traced step (CPU backend)"):
-        assert peers[peer].split(" | ")[4].endswith("x")   # cstorch speed vs the peer
+        assert re.fullmatch(r"\d+\.\d\dx \(\d+\.\d\d-\d+\.\d\d\)",
+                            peers[peer].split(" | ")[4])   # cstorch speed vs the peer
     assert "not run: project rule" in peers["torchax"]
 
 
