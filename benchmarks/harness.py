@@ -7,9 +7,9 @@ training workload's peers (benchmarks/peers.py) run the same batches from the sa
 values: one warm-up pass each (capture and compilation happen there; its first step is
 timed on its own), then `repeats` timed passes of `steps` steps, the peers taking turns pass
 by pass so that a slow spell of the machine hits them all alike, in an order shuffled
-from pass to pass. The loss is read on the
-host after every step. The `executor` workload times the mlp-tiny traced step under a
-`DataExecutor` against a bare Python loop over the same batches.
+from pass to pass. The loss is read on the host after every step. The `executor` workload
+times the mlp-tiny traced step under a `DataExecutor` against a bare Python loop over the
+same batches.
 """
 import argparse
 import copy
