@@ -68,6 +68,7 @@ def flash_attention_cpu_backward(grad, q, k, v, out, lse, dropout_p, is_causal, 
     _no_dropout(dropout_p)
     heads_kv = k.shape[-3]
     k, v = _repeat_kv(q, k, v)
+    # P again rather than from `lse`: the same ops as the forward's, which XLA merges.
     p, _ = _softmax(q, k, is_causal, attn_mask, scale)
     grad = grad.astype(q.dtype)
     dv = precision.einsum("...qk,...qd->...kd", p.astype(v.dtype), grad)
