@@ -33,11 +33,14 @@ def _repeat_kv(q, k, v):
     return jnp.repeat(k, rep, axis=-3), jnp.repeat(v, rep, axis=-3)
 
 
+def _scale(q, scale):
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
 def _softmax(q, k, is_causal, attn_mask, scale):
     """(P, logsumexp) of the scaled, masked scores, in float32 at least; a row with every
     key masked has P = 0 and logsumexp 0."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = precision.einsum("...qd,...kd->...qk", q, k) * scale
+    s = precision.einsum("...qd,...kd->...qk", q, k) * _scale(q, scale)
     s = s.astype(jnp.promote_types(s.dtype, jnp.float32))
     if is_causal:
         lq, lk = s.shape[-2:]
@@ -74,7 +77,7 @@ def flash_attention_cpu_backward(grad, q, k, v, out, lse, dropout_p, is_causal, 
     dv = precision.einsum("...qk,...qd->...kd", p.astype(v.dtype), grad)
     dp = precision.einsum("...qd,...kd->...qk", grad, v).astype(p.dtype)
     rows = jnp.sum(grad.astype(p.dtype) * out.astype(p.dtype), axis=-1, keepdims=True)
-    ds = p * (dp - rows) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    ds = p * (dp - rows) * _scale(q, scale)
     ds = ds.astype(q.dtype)
     dq = precision.einsum("...qk,...kd->...qd", ds, k)
     dk = precision.einsum("...qk,...qd->...kd", ds, q)

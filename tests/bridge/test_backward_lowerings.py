@@ -219,6 +219,15 @@ def test_cpu_flash_attention_output_logsumexp_and_gradients(causal):
         q, k, v, is_causal=causal, attn_mask=mask, scale=0.3), [q, k, v], [True] * 3)
 
 
+def test_cpu_flash_attention_with_fewer_key_value_heads():
+    # grouped-query attention: 4 query heads over 2 key/value heads, whose gradients sum
+    # over the two query heads each serves
+    q = _randn(2, 4, 6, 4, seed=5)
+    k, v = _randn(2, 2, 6, 4, seed=6), _randn(2, 2, 6, 4, seed=7)
+    _check(lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v),
+           [q, k, v], [True] * 3)
+
+
 def test_cpu_flash_attention_is_not_decomposed():
     q, k, v, _ = _attention_inputs()
     graph = bridge.capture(lambda q, k, v: [F.scaled_dot_product_attention(q, k, v).sum()],
