@@ -116,16 +116,21 @@ def tensor_to_jax(t: torch.Tensor, sharding=None) -> jax.Array:
 
 def tensor_to_input(t: torch.Tensor):
     """What a compiled program takes for `t`: its array if `t` lives on the device, else a
-    host numpy array the executable copies in itself (no extra dispatch per input)."""
+    host numpy array of the program's own, which the executable reads in place."""
+    # XLA on the CPU reads a host argument where it lies, and a call returns before the
+    # program has run: handed the caller's memory, the running step would see writes the
+    # caller makes to `t` once the call has returned. So a host tensor is always copied.
     if type(t) is torch.Tensor and not t.requires_grad:
         if t.dtype in _INPUT_AS_IS:
-            return t.numpy()
+            return t.numpy().copy()
         if t.dtype is torch.int64 and not jax.config.jax_enable_x64:
             return t.numpy().astype(np.int32)
     from bridge.device_tensor import DeviceTensor
     if isinstance(t, DeviceTensor) and not t.is_view:
         return t.cell.array
-    return _jax_numpy(t)
+    host = tensor_to_numpy(t)
+    want = to_jax_dtype(t.dtype)
+    return host.copy() if host.dtype == want else host.astype(want)
 
 
 def jax_to_tensor(a, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -255,3 +255,28 @@ def test_steps_copy_no_state_to_the_host_until_it_is_read(mlp):
             step(*_batch(i))
     after = model.state_dict()["0.weight"]  # the read brings the values over
     assert not torch.equal(after, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_writing_an_input_after_the_call_leaves_the_dispatched_step_alone(dtype):
+    # A step returns before XLA has run it. Eager semantics: once step(x) has returned, x
+    # is the caller's to write. The slow chain runs before x is read, so a program that
+    # still read the caller's memory would see the writes below.
+    torch.manual_seed(0)
+    cstorch.backend("CPU")
+    weight = torch.randn(256, 256) / 16
+
+    @cstorch.trace
+    def step(x, h):
+        for _ in range(40):
+            h = torch.tanh(h @ h)
+        return x * (h.sum() * 0 + 1)
+
+    x = torch.randn(4096).to(dtype)
+    step(x.clone(), weight)   # capture and compile first: the calls below only dispatch
+    for i in range(5):
+        x = torch.randn(4096, generator=torch.Generator().manual_seed(i)).to(dtype)
+        expected = x.clone()
+        out = step(x, weight)
+        x.fill_(7.0)
+        assert torch.equal(out.to(dtype).cpu(), expected), f"call {i}"
