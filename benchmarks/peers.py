@@ -55,9 +55,9 @@ def torch_compile(workload, model):
 CSTORCH_ARTIFACTS = os.path.join(tempfile.gettempdir(), "cstorch_bench_logs")
 
 
-def cstorch_step(workload, model):
+def cstorch_step(workload, model, backend_type="CPU", artifact_dir=CSTORCH_ARTIFACTS):
     """The traced step itself, taking the batch's tensors as arguments."""
-    cstorch.backend("CPU", artifact_dir=CSTORCH_ARTIFACTS)
+    cstorch.backend(backend_type, artifact_dir=artifact_dir)
     compiled = cstorch.compile(model)
     name, kwargs = workload.OPTIMIZER
     optimizer = getattr(cstorch.optim, name)(model.parameters(), **kwargs)

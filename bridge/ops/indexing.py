@@ -12,7 +12,8 @@ aten = torch.ops.aten
 
 def _along(index, dim, ndim):
     """Full index tuple for scatter/gather along `dim` with `index` of the input's rank."""
-    grids = jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij")
+    # jax 0.11 returns a tuple from meshgrid, earlier releases a list
+    grids = list(jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij"))
     grids[dim] = index
     return tuple(grids)
 
