@@ -50,9 +50,7 @@ class DataExecutor:
       the backend's devices, laid out as a step's inputs are, and read and upload the next
       step's batch as soon as a traced step has been dispatched, while it runs. The loop
       then gets device tensors (a step called with them is a capture apart from one called
-      with host tensors). On the CPU it costs more than it saves (a step reads a host batch
-      where it lies), and an uploaded tensor may share memory with the loader's tensor,
-      which must not be written afterwards. The next batch is not read ahead on the last
+      with host tensors). On the CPU it costs more than it saves. The next batch is not read ahead on the last
       step, on a checkpoint step, nor at all for a dataloader that saves its position when
       no `checkpoint_steps` are given: a `dataloader.state_dict()` taken in the loop stays
       exact. A batch read ahead that the loop leaves unused (`break`) is the first batch of
@@ -296,8 +294,8 @@ _READING = object()
 def _uploader(mesh):
     """batch -> the batch with every plain tensor on `mesh`'s devices as a step input is
     (split over the batch axes, in the dtype the step computes it in), as a `DeviceTensor`;
-    other leaves stay as they are. One `jax.device_put` takes all of a batch's tensors. No
-    host copy is made beyond a dtype conversion (int64 to int32) the step would make itself."""
+    other leaves stay as they are. One `jax.device_put` takes all of a batch's tensors, from
+    the private host copies a step's inputs get (`tensor_to_input`)."""
     import jax
 
     import wafer
