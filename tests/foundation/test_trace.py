@@ -280,3 +280,20 @@ def test_writing_an_input_after_the_call_leaves_the_dispatched_step_alone(dtype)
         out = step(x, weight)
         x.fill_(7.0)
         assert torch.equal(out.to(dtype).cpu(), expected), f"call {i}"
+
+
+def test_a_capture_keeps_older_objects_out_of_the_collector_and_gives_them_back():
+    import gc
+    cstorch.backend("CPU")
+    seen = []
+
+    @cstorch.trace
+    def step(x):
+        seen.append(gc.get_freeze_count())
+        return x * 2
+
+    before = gc.get_freeze_count()
+    out = step(torch.randn(3))
+    assert seen and seen[0] > before   # what existed before the capture was frozen
+    assert gc.get_freeze_count() == before   # and is the collector's again
+    assert out.shape == (3,)
