@@ -8,8 +8,8 @@ values: one warm-up pass each (capture and compilation happen there; its first s
 timed on its own), then `repeats` timed passes of `steps` steps, the peers taking turns pass
 by pass so that a slow spell of the machine hits them all alike, in an order shuffled
 from pass to pass. The loss is read on the host after every step. The `executor` workload
-times the mlp-tiny traced step under a `DataExecutor` against a bare Python loop over the
-same batches.
+times a workload's traced step (`--model`, default mlp-tiny) under a `DataExecutor` against
+a bare Python loop over the same batches.
 """
 import argparse
 import copy
@@ -97,12 +97,13 @@ def measure(name: str, steps: int, repeats: int, peers=peer_makers.ORDER) -> dic
     return result
 
 
-def measure_executor(steps: int, repeats: int) -> dict:
-    """ms/step of the mlp-tiny traced step (loss read every step) in a bare loop over a
+def measure_executor(steps: int, repeats: int, model: str = "mlp-tiny") -> dict:
+    """ms/step of a workload's traced step (loss read every step) in a bare loop over a
     list of batches, and under `DataExecutor` over a `cstorch.utils.data.DataLoader` of
-    the same list, without and with prefetching."""
+    the same list, without and with prefetching; the loops take turns pass by pass, in an
+    order shuffled for each pass, as the training peers do."""
     import cerebras.pytorch as cstorch
-    wl = workloads.load("mlp-tiny")
+    wl = workloads.load(model)
     step = peer_makers.cstorch_step(wl, wl.make_model())
     data = wl.batches(steps)
     loader = cstorch.utils.data.DataLoader(lambda: data)
@@ -130,11 +131,15 @@ def measure_executor(steps: int, repeats: int) -> dict:
         # gradients are pending: such a program takes them in and unpacks them every call.
         step.optimizer.zero_grad()
         loop()
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
-        for k, loop in loops.items():
-            times[k].append(loop())
-    return {"workload": "executor", "title": wl.TITLE, "steps": steps, "repeats": repeats,
-            "captures": step.captures, "loops": {k: {"ms": v} for k, v in times.items()}}
+        order = list(loops)
+        shuffle(order)
+        for k in order:
+            times[k].append(loops[k]())
+    return {"workload": "executor", "model": model, "title": wl.TITLE, "steps": steps,
+            "repeats": repeats, "captures": step.captures,
+            "loops": {k: {"ms": v} for k, v in times.items()}}
 
 
 def main():
@@ -143,9 +148,11 @@ def main():
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--repeats", type=int, required=True)
     parser.add_argument("--peers", default=",".join(peer_makers.ORDER))
+    parser.add_argument("--model", default="mlp-tiny", choices=tuple(workloads.TRAINING),
+                        help="the workload whose step the executor workload runs")
     args = parser.parse_args()
     if args.workload == "executor":
-        result = measure_executor(args.steps, args.repeats)
+        result = measure_executor(args.steps, args.repeats, args.model)
     else:
         result = measure(args.workload, args.steps, args.repeats,
                          [p for p in args.peers.split(",") if p])

@@ -33,12 +33,21 @@ def test_the_table_gives_ratios_to_cstorch_the_floor_share_and_failed_peers():
     assert "not run: project rule" in rows["torchax"]
 
 
-def test_the_executor_table_gives_the_overhead_over_the_bare_loop():
-    r = {"workload": "executor", "title": "MLP", "loops": {
-        "bare": {"ms": [1.0, 1.0]}, "executor": {"ms": [1.1, 1.1]},
-        "executor-prefetch": {"ms": [1.5, 1.5]}}}
-    table = suite.executor_table(r)
-    assert "+10.0%" in table and "+50.0%" in table
+def _executor(model, bare, executor, prefetch):
+    return {"workload": "executor", "model": model, "title": "T", "steps": 3,
+            "repeats": len(bare), "loops": {"bare": {"ms": bare}, "executor": {"ms": executor},
+                                            "executor-prefetch": {"ms": prefetch}}}
+
+
+def test_the_executor_table_gives_the_overhead_over_the_bare_loop_per_step():
+    r = {"workload": "executor", "models": [
+        _executor("mlp-tiny", [1.0, 2.0, 1.0], [1.1, 2.1, 1.3], [1.5, 3.0, 1.5]),
+        {"model": "gpt-small", "error": "exit status 1: boom"}]}
+    rows = suite.executor_table(r).splitlines()[2:]
+    # Paired per pass: ratios 1.10, 1.05, 1.30 and differences 100, 100, 300 µs.
+    assert rows[1].endswith("| 3 x 3 | 1.30 | 1.10-2.10 | +10.0% (+5.0 to +30.0%) | +100.0 |")
+    assert "| +50.0% (+50.0 to +50.0%) | +500.0 |" in rows[2]
+    assert "gpt-small | failed: exit status 1: boom" in rows[3]
 
 
 @pytest.mark.slow
@@ -74,13 +83,11 @@ def test_steal_time_is_the_share_of_cpu_time_given_to_other_tenants(monkeypatch)
 def test_the_report_says_the_steal_time_of_each_workload():
     results = [dict(_result("gpt-small", cstorch={"ms": [10.0], "first_step_s": 1.0,
                                                   "loss": 1.0}), steal="steal time 12.5%"),
-               {"workload": "executor", "title": "MLP", "steps": 3, "repeats": 2,
-                "steal": "steal time 0.4%",
-                "loops": {"bare": {"ms": [1.0]}, "executor": {"ms": [1.1]},
-                          "executor-prefetch": {"ms": [1.5]}}}]
+               {"workload": "executor", "steal": "steal time 0.4%",
+                "models": [_executor("mlp-tiny", [1.0], [1.1], [1.5])]}]
     text = suite.report("python -m benchmarks", "here", results, (100.0, 90.0, 110.0), False)
     assert "2 timed passes; steal time 12.5%" in text
-    assert "(benchmarks/harness.py); steal time 0.4%." in text
+    assert "in a shuffled order; steal time 0.4%." in text
 
 
 def test_the_peers_take_turns_in_an_order_shuffled_pass_by_pass(monkeypatch):
@@ -102,4 +109,27 @@ def test_the_peers_take_turns_in_an_order_shuffled_pass_by_pass(monkeypatch):
     timed = calls[2 * n:]   # after each peer's first step and warm-up pass
     passes = [tuple(timed[i:i + n]) for i in range(0, len(timed), n)]
     assert all(sorted(p) == sorted(makers.ORDER) for p in passes)
+    assert len(set(passes)) > 1
+
+
+def test_the_executor_loops_take_turns_in_an_order_shuffled_pass_by_pass(monkeypatch):
+    from benchmarks import harness
+    from benchmarks import peers as makers
+    from cstorch.utils.data.executor import running_executor
+    loops = []
+
+    def make(workload, model):
+        def step(*batch):
+            ex = running_executor()
+            loops.append("bare" if ex is None else "prefetch" if ex.prefetch else "executor")
+            return torch.zeros(())
+        step.optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        step.captures = 1
+        return step
+    monkeypatch.setattr(makers, "cstorch_step", make)
+    result = harness.measure_executor(steps=1, repeats=6)
+    assert all(len(v["ms"]) == 6 for v in result["loops"].values())
+    timed = loops[3:]   # after each loop's warm-up pass
+    passes = [tuple(timed[i:i + 3]) for i in range(0, len(timed), 3)]
+    assert all(sorted(p) == ["bare", "executor", "prefetch"] for p in passes)
     assert len(set(passes)) > 1
