@@ -251,7 +251,7 @@ def report(command, where, results, rate, quick) -> str:
                   first_step_table(r, by_name.get("gpt-small")), ""]
     if "executor" in by_name:
         r = by_name["executor"]
-        parts += ["DataExecutor overhead: each step in a fresh process (benchmarks/harness.py), "
+        parts += ["DataExecutor overhead: each model in a fresh process (benchmarks/harness.py), "
                   "the loops taking turns pass by pass in a shuffled order"
                   + (f"; {r['steal']}" if "steal" in r else "") + ".", "",
                   executor_table(r), ""]
