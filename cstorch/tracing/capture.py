@@ -323,8 +323,8 @@ def _older_objects_frozen():
     """Objects that exist now are left out of the garbage collector's passes until the end.
 
     Capturing, lowering and compiling a step allocate enough objects to set off a full
-    collection, which walks every object torch and jax hold: 0.29 s of gpt-small's 5-7 s
-    first step (0.03 s with them frozen). They go back to the collector afterwards."""
+    collection, which walks every object torch and jax hold: 0.20-0.29 s of gpt-small's
+    5 s first step (0.02-0.03 s with them frozen). They go back to the collector after."""
     gc.freeze()
     try:
         yield

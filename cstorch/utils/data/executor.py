@@ -50,10 +50,10 @@ class DataExecutor:
       the backend's devices, laid out as a step's inputs are, and read and upload the next
       step's batch as soon as a traced step has been dispatched, while it runs. The loop
       then gets device tensors (a step called with them is a capture apart from one called
-      with host tensors). On the CPU it costs more than it saves. The next batch is not read ahead on the last
-      step, on a checkpoint step, nor at all for a dataloader that saves its position when
-      no `checkpoint_steps` are given: a `dataloader.state_dict()` taken in the loop stays
-      exact. A batch read ahead that the loop leaves unused (`break`) is the first batch of
+      with host tensors). On the CPU it costs more than it saves. The next batch is not
+      read ahead on the last step, on a checkpoint step, nor at all for a dataloader that
+      saves its position when no `checkpoint_steps` are given: a `dataloader.state_dict()`
+      taken in the loop stays exact. A batch read ahead that the loop leaves unused (`break`) is the first batch of
       the next executor on that loader.
 
     An executor is iterated once. While it runs, `cstorch.current_executor()` returns it:
