@@ -180,29 +180,12 @@ def _cstorch_train(kind, make_backend, rank=0, world=1):
     (made before the model, as there); each process passes its shard of the global batch."""
     import torch
 
-    import cerebras.pytorch as cstorch
     m = _dist_models()
     backend = make_backend()
     torch.manual_seed(0)
     model = m.make_model(kind)
-    compiled = cstorch.compile(model, backend)
-    optimizer = cstorch.optim.SGD(model.parameters(), lr=m.LR, momentum=m.MOMENTUM)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    @cstorch.trace
-    def step(x, y):
-        loss = loss_fn(compiled(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
-
-    def shard(t):
-        part = t.shape[0] // world
-        return t[rank * part:(rank + 1) * part]
-
     start = time.perf_counter()
-    losses = [float(step(shard(x), shard(y))) for x, y in m.global_batches(kind)]
+    losses = m.train_cstorch(model, backend, kind, rank, world)
     return {"losses": losses, "state": {k: v.tolist() for k, v in model.state_dict().items()},
             "backend": repr(backend), "devices": [repr(d) for d in backend.devices],
             "seconds": time.perf_counter() - start}

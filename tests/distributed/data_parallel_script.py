@@ -13,12 +13,8 @@ import torch.distributed as dist
 import cerebras.pytorch as cstorch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from models import LR, MOMENTUM, global_batches, make_model  # noqa: E402
-
-
-def shard(t, rank, world):
-    part = t.shape[0] // world
-    return t[rank * part:(rank + 1) * part]
+from models import (LR, MOMENTUM, global_batches, make_model, shard,  # noqa: E402
+                    train_cstorch)
 
 
 def torch_ddp(model, kind, rank, world):
@@ -50,20 +46,7 @@ def train(kind: str, sync_batchnorm: bool, rank_dir: str, rank: int, init_method
     with torch.no_grad():
         for p in model.parameters():
             p.add_(rank)
-    compiled = cstorch.compile(model, backend)
-    optimizer = cstorch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    @cstorch.trace
-    def step(x, y):
-        loss = loss_fn(compiled(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
-
-    losses = [float(step(shard(x, rank, world), shard(y, rank, world)))
-              for x, y in global_batches(kind)]
+    losses = train_cstorch(model, backend, kind, rank, world)
     result = {"losses": losses, "state": {k: v.tolist() for k, v in model.state_dict().items()},
               "world": world, "devices": len(backend.devices)}
     if not sync_batchnorm:
