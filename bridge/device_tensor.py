@@ -131,11 +131,22 @@ class HostReads:
         return int(self.item())
 
     def numpy(self, *, force=False):
-        return tensor_to_numpy(self.host())
+        """The value as a read-only numpy array. In eager PyTorch the array shares the
+        tensor's memory and writes into it change the tensor; here it is a host copy of
+        the device value (or the device buffer itself), which a write could not reach the
+        tensor through, so writes raise instead of being lost."""
+        if self.requires_grad and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
+                               "tensor.detach().numpy() instead.")
+        a = tensor_to_numpy(self.host())
+        a.flags.writeable = False
+        return a
 
     def __array__(self, dtype=None, copy=None):
-        a = self.numpy()
-        return a if dtype is None else a.astype(dtype)
+        a = self.numpy(force=True)
+        if dtype is not None and a.dtype != dtype:
+            return a.astype(dtype)
+        return a.copy() if copy else a
 
     def tolist(self):
         return self.host().tolist()

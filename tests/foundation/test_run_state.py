@@ -471,3 +471,28 @@ def test_bound_methods_and_partials_keyed_by_what_they_hold():
         close(step(x, y, fn), eager_step(ref, ref_opt, x, y, fn))
     assert step.captures == 4
     assert_same_params(model, ref)
+
+
+def test_a_write_through_numpy_raises_instead_of_being_lost():
+    # Eager: p.detach().numpy() shares p's memory, so writing it changes p. A device
+    # tensor's array is a host copy a write could not reach the state through.
+    model = mlp()
+    compiled = cstorch.compile(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    step = train_step(compiled, optimizer)
+    x, y = batches(1)[0]
+    loss = step(x, y)
+    weight = model[0].weight
+    before = weight.detach().cpu().clone()
+    with pytest.raises(ValueError, match="read-only"):
+        weight.detach().numpy()[0, 0] = 5.0
+    with pytest.raises(RuntimeError, match="requires grad. Use tensor.detach"):
+        weight.numpy()
+    assert torch.equal(weight.detach().cpu(), before)
+    # Reads still work, and np.array / np.asarray copy or view as numpy does.
+    import numpy as np
+    assert np.array_equal(np.asarray(weight.detach()), before.numpy())
+    own = np.array(weight.detach())
+    own[0, 0] = 5.0   # a copy of one's own
+    assert own.flags.writeable and torch.equal(weight.detach().cpu(), before)
+    assert loss.numpy().shape == ()
