@@ -46,6 +46,18 @@ def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}"[:300]
 
 
+def in_turns(runs: dict, repeats: int):
+    """The order of each of `repeats` passes: every key of `runs` (read afresh each pass,
+    so a peer dropped after a failure drops out) once, shuffled pass by pass. A peer's
+    pass can run slower after one peer than after another (their threads and heap); a
+    fixed order would charge that to one."""
+    shuffle = random.Random(0).shuffle
+    for _ in range(repeats):
+        order = list(runs)
+        shuffle(order)
+        yield order
+
+
 def measure(name: str, steps: int, repeats: int, peers=peer_makers.ORDER) -> dict:
     wl = workloads.load(name)
     base = wl.make_model()
@@ -78,12 +90,7 @@ def measure(name: str, steps: int, repeats: int, peers=peer_makers.ORDER) -> dic
             last[peer] = loss = run(*args)
             return loss
         return step
-    # The order is shuffled pass by pass: a peer's pass can run slower after one peer than
-    # after another (their threads and heap), and a fixed order would charge that to one.
-    shuffle = random.Random(0).shuffle
-    for _ in range(repeats):
-        order = list(runs)
-        shuffle(order)
+    for order in in_turns(runs, repeats):
         for peer in order:
             run = runs[peer]
             try:
@@ -131,10 +138,7 @@ def measure_executor(steps: int, repeats: int, model: str = "mlp-tiny") -> dict:
         # gradients are pending: such a program takes them in and unpacks them every call.
         step.optimizer.zero_grad()
         loop()
-    shuffle = random.Random(0).shuffle
-    for _ in range(repeats):
-        order = list(loops)
-        shuffle(order)
+    for order in in_turns(loops, repeats):
         for k in order:
             times[k].append(loops[k]())
     return {"workload": "executor", "model": model, "title": wl.TITLE, "steps": steps,

@@ -89,11 +89,16 @@ def numpy_to_tensor(a, dtype: torch.dtype | None = None) -> torch.Tensor:
     return t
 
 
-def _jax_numpy(t: torch.Tensor) -> np.ndarray:
-    """`t` on the host in the dtype JAX computes `t`'s dtype in."""
+def _private_jax_numpy(t: torch.Tensor) -> np.ndarray:
+    """`t` on the host in the dtype JAX computes `t`'s dtype in, in memory of its own.
+
+    XLA on the CPU may keep using host memory it is handed (`device_put`, even with
+    may_alias=False when the memory belongs to a torch tensor, and a program's host
+    arguments, read after the call has returned): sharing `t`'s memory, a JAX array would
+    follow later writes to `t`, and a donated buffer could write into `t`."""
     host = tensor_to_numpy(t)
     want = to_jax_dtype(t.dtype)
-    return host if host.dtype == want else host.astype(want)
+    return host.copy() if host.dtype == want else host.astype(want)
 
 
 def tensor_to_jax(t: torch.Tensor, sharding=None) -> jax.Array:
@@ -103,23 +108,18 @@ def tensor_to_jax(t: torch.Tensor, sharding=None) -> jax.Array:
     if isinstance(t, DeviceTensor) and not t.is_view:
         a = t.cell.array
         return a if sharding is None or a.sharding == sharding else jax.device_put(a, sharding)
-    host = _jax_numpy(t)
+    host = _private_jax_numpy(t)
     if sharding is None:
         return jnp.asarray(host)
     if not sharding.is_fully_addressable:
         return put_global(host, sharding)
-    # On the CPU, device_put may keep using the memory it is given (even with
-    # may_alias=False when that memory belongs to a torch tensor): hand it a private copy,
-    # so the array never follows later writes to `t`, nor a donated buffer writes into `t`.
-    return jax.device_put(np.array(host, copy=True), sharding)
+    return jax.device_put(host, sharding)
 
 
 def tensor_to_input(t: torch.Tensor):
     """What a compiled program takes for `t`: its array if `t` lives on the device, else a
-    host numpy array of the program's own, which the executable reads in place."""
-    # XLA on the CPU reads a host argument where it lies, and a call returns before the
-    # program has run: handed the caller's memory, the running step would see writes the
-    # caller makes to `t` once the call has returned. So a host tensor is always copied.
+    host numpy array of the program's own (`_private_jax_numpy`), which the executable
+    reads in place."""
     if type(t) is torch.Tensor and not t.requires_grad:
         if t.dtype in _INPUT_AS_IS:
             return t.numpy().copy()
@@ -128,9 +128,7 @@ def tensor_to_input(t: torch.Tensor):
     from bridge.device_tensor import DeviceTensor
     if isinstance(t, DeviceTensor) and not t.is_view:
         return t.cell.array
-    host = tensor_to_numpy(t)
-    want = to_jax_dtype(t.dtype)
-    return host.copy() if host.dtype == want else host.astype(want)
+    return _private_jax_numpy(t)
 
 
 def jax_to_tensor(a, dtype: torch.dtype | None = None) -> torch.Tensor:

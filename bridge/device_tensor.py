@@ -145,6 +145,9 @@ class HostReads:
     def __array__(self, dtype=None, copy=None):
         a = self.numpy(force=True)
         if dtype is not None and a.dtype != dtype:
+            if copy is False:   # numpy's protocol: refuse rather than copy
+                raise ValueError(f"a {a.dtype} device tensor cannot be viewed as {dtype} "
+                                 f"without a copy; pass copy=None or True")
             return a.astype(dtype)
         return a.copy() if copy else a
 

@@ -495,4 +495,7 @@ def test_a_write_through_numpy_raises_instead_of_being_lost():
     own = np.array(weight.detach())
     own[0, 0] = 5.0   # a copy of one's own
     assert own.flags.writeable and torch.equal(weight.detach().cpu(), before)
+    with pytest.raises(ValueError, match="without a copy"):
+        np.asarray(weight.detach(), dtype=np.float64, copy=False)
+    assert np.asarray(weight.detach(), dtype=np.float64).dtype == np.float64
     assert loss.numpy().shape == ()

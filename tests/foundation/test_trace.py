@@ -293,7 +293,9 @@ def test_a_capture_keeps_older_objects_out_of_the_collector_and_gives_them_back(
         return x * 2
 
     before = gc.get_freeze_count()
-    out = step(torch.randn(3))
+    x = torch.randn(3)
+    out = step(x)
     assert seen and seen[0] > before   # what existed before the capture was frozen
     assert gc.get_freeze_count() == before   # and is the collector's again
     assert out.shape == (3,)
+    assert torch.equal(out.cpu(), x * 2)

@@ -53,8 +53,8 @@ class DataExecutor:
       with host tensors). On the CPU it costs more than it saves. The next batch is not
       read ahead on the last step, on a checkpoint step, nor at all for a dataloader that
       saves its position when no `checkpoint_steps` are given: a `dataloader.state_dict()`
-      taken in the loop stays exact. A batch read ahead that the loop leaves unused (`break`) is the first batch of
-      the next executor on that loader.
+      taken in the loop stays exact. A batch read ahead that the loop leaves unused
+      (`break`) is the first batch of the next executor on that loader.
 
     An executor is iterated once. While it runs, `cstorch.current_executor()` returns it:
     `iteration` is the zero-based index of the current step, `user_iteration` the
