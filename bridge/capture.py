@@ -27,7 +27,6 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            FakeTensorMode)
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import uninteresting_files
 from torch.overrides import TorchFunctionMode
 
 from bridge.errors import (GRADIENT_OF, CaptureError, DataDependentShapeError,
@@ -170,9 +169,9 @@ def _stack_trace() -> str:
     from one walk over the frames, where make_fx would extract and symbolise the whole
     stack again for every node it creates. The frames kept are those make_fx keeps:
     `forward` methods, `torch/__init__.py` and registered anchors (the step function), less
-    the files torch calls uninteresting. Every node the call creates (a composite op's
-    parts, a backward's ops) then carries the call's trace, as `preserve_node_meta` hands
-    `stack_trace` to new nodes."""
+    frames of torch's tracing machinery (`_machinery`). Every node the call creates (a
+    composite op's parts, a backward's ops) then carries the call's trace, as
+    `preserve_node_meta` hands `stack_trace` to new nodes."""
     anchors = _STACK_TRACE_ANCHORS
     kept = []
     frame = sys._getframe(2)
@@ -182,8 +181,7 @@ def _stack_trace() -> str:
                 or (code.co_filename, code.co_name) in anchors):
             kept.append((code.co_filename, frame.f_lineno, code.co_name))
         frame = frame.f_back
-    boring = uninteresting_files()
-    key = tuple(f for f in reversed(kept) if f[0] not in boring)
+    key = tuple(f for f in reversed(kept) if not _machinery(f[0]))
     text = _formatted_traces.get(key)
     if text is None:
         summary = traceback.StackSummary.from_list([traceback.FrameSummary(*f) for f in key])
@@ -192,6 +190,22 @@ def _stack_trace() -> str:
 
 
 _TORCH_INIT = os.path.join("torch", "__init__.py")
+_TORCH = os.path.dirname(torch.__file__)
+_MACHINERY_DIRS = tuple(os.path.join(_TORCH, d, "") for d in (
+    "_dynamo", "_higher_order_ops", "_inductor", "_library", "_logging", "_subclasses",
+    "export", "fx"))
+_MACHINERY_FILES = frozenset({os.path.join(_TORCH, "__init__.py"),
+                              os.path.join(_TORCH, "_compile.py"), "<string>"})
+
+
+def _machinery(filename: str) -> bool:
+    """Whether a frame of `filename` is torch's tracing machinery, never the user's code.
+    make_fx asks torch's `uninteresting_files()`, whose list takes importing
+    torch._inductor and torch.export to build (0.2-0.4 s of a process's first capture);
+    every file of that list lies in these folders or files."""
+    return filename in _MACHINERY_FILES or filename.startswith(_MACHINERY_DIRS)
+
+
 try:
     from torch.fx.proxy import _STACK_TRACE_ANCHORS
 except ImportError:  # a torch without anchors: make_fx keeps `forward` frames only

@@ -150,3 +150,54 @@ def test_decomposed_ops_keep_the_kernels_strides(backend, monkeypatch, batch_fir
     step(torch.randn(2, 5, 8), torch.randn(2, 3, 6, 6), torch.randn(2, 8, 16))
     assert step.captures == 1
     assert not mismatched, mismatched
+
+
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.linear(x) * 2
+
+
+_STACK_TRACE_SCRIPT = r"""
+import sys
+import torch
+import bridge
+from test_capture_pass import _Scaled
+model = _Scaled().requires_grad_(False)
+graph = bridge.capture(lambda x: [model(x)], [torch.zeros(4, 3)])
+traces = {n.target.__name__: n.meta.get("stack_trace", "") for n in graph.graph.nodes
+          if n.op == "call_function" and hasattr(n.target, "__name__")}
+print(repr((traces, "torch._inductor.sizevars" in sys.modules)))
+"""
+
+
+def test_stack_traces_keep_module_frames_and_skip_torch_machinery():
+    # In a fresh process: the frames are filtered without importing what torch's own
+    # list of uninteresting files imports (torch._inductor, torch.export).
+    import ast
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(here)),
+                                                         here])}
+    out = subprocess.run([sys.executable, "-c", _STACK_TRACE_SCRIPT], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    traces, inductor_loaded = ast.literal_eval(out.strip().splitlines()[-1])
+    assert not inductor_loaded
+    mul = traces["mul.Tensor"]
+    assert "test_capture_pass.py" in mul and "return self.linear(x) * 2" in mul
+    addmm = traces["addmm.default"]
+    assert os.path.join("nn", "modules", "linear.py") in addmm and "in forward" in addmm
+    assert os.path.join("torch", "fx") not in addmm and "_symbolic_trace" not in addmm
+
+
+def test_every_file_torch_calls_uninteresting_is_skipped():
+    from torch.fx.experimental.symbolic_shapes import uninteresting_files
+    from bridge.capture import _machinery
+    assert [f for f in uninteresting_files() if not _machinery(f)] == []
+    assert not _machinery(torch.nn.modules.linear.__file__)
+    assert not _machinery(__file__)
