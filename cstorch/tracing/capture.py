@@ -97,6 +97,17 @@ class Program:
     # An unread gradient input still needs an array of its shape: the first one passed is
     # kept and passed again, instead of slicing the pending gradient out every call.
     unread_grad_arrays: dict = field(default_factory=dict)
+    # Host tensors the step closed over, which the program holds as constants, each with
+    # its version counter and data pointer at the capture: `constants_changed`.
+    constants: tuple = ()
+
+    def constants_changed(self):
+        """The first constant written in place (or given new data) since the capture,
+        or None: the program still computes with the value it had then."""
+        for t, version, data in self.constants:
+            if t._version != version or t.data_ptr() != data:
+                return t
+        return None
 
 
 class UnregisteredModule(Exception):
@@ -294,8 +305,10 @@ def _register_unseen_modules():
         handle.remove()
 
 
-def _stray_tensor_hook(state, traced):
-    """What an op inside the step sees for a real tensor it reached without an argument."""
+def _stray_tensor_hook(state, traced, constants):
+    """What an op inside the step sees for a real tensor it reached without an argument.
+    A host tensor it lets through becomes a constant of the program, kept in `constants`
+    (by id)."""
     def hook(t):
         if not traced:  # the capture's own set-up, before the step runs
             return t
@@ -314,6 +327,14 @@ def _stray_tensor_hook(state, traced):
                 "compiled program; pass the module that holds it to cstorch.compile before "
                 "the first step (a parameter taken from a module before cstorch.compile is "
                 "the old host tensor: take it from the module again)"))
+        if t.requires_grad:
+            raise RuntimeError(with_user_line(
+                f"the traced step reads a tensor of shape {tuple(t.shape)} that requires grad "
+                "but belongs to no compiled module: no gradient could reach it and its "
+                "changes could not reach the compiled program; make it an nn.Parameter of "
+                "a module passed to cstorch.compile, or read `t.detach()` to use its value "
+                "as a constant"))
+        constants.setdefault(id(t), t)
         return t
     return hook
 
@@ -371,6 +392,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
     cleared: set = set()
 
     traced_now: list = []
+    constants: dict = {}
 
     def step(*flat):
         traced = list(flat[:n])
@@ -421,7 +443,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
         with _refuse_torch_schedulers(), _refuse_torch_grad_scaler(), \
                 _register_unseen_modules():
             graph = bridge.capture(step, shapes, requires_grad, value_read_hint=VALUE_READ_HINT,
-                                   tensor_hook=_stray_tensor_hook(state, traced_now),
+                                   tensor_hook=_stray_tensor_hook(state, traced_now, constants),
                                    user_fn=step_fn, library=_LIBRARY)
     finally:
         hook.remove()
@@ -469,6 +491,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                    uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=layout,
                    unread_grads=_unread_grad_inputs(compiled.jaxpr(), n, len(grad_in)),
                    grad_source=GradSource(),
+                   constants=tuple((t, t._version, t.data_ptr()) for t in constants.values()),
                    finite_check=getattr(lowered, "checked", None) if check_finite else None)
 
 

@@ -11,6 +11,7 @@ until something reads them.
 import functools
 import logging
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -163,11 +164,22 @@ class TracedStep:
             candidates = self._last[1]   # the same key as the last call: no dict lookup
         else:
             candidates = self.programs.setdefault(key, [])
+        stale = None
         for program in candidates:
             if all(_has_grad(state, i) == present for i, present in program.grad_rule.items()):
-                self._last = (key, candidates)
-                return program, values
+                stale = program.constants_changed() if program.constants else None
+                if stale is None:
+                    self._last = (key, candidates)
+                    return program, values
+                candidates.remove(program)   # it computes with the tensor's old value
+                break
         previous = self._last
+        if stale is not None:
+            reason = (f"a tensor of shape {tuple(stale.shape)} that the step closes over (not "
+                      f"an argument) was written in place or given new data since the capture")
+            warnings.warn(f"cstorch: {self.name}: {reason}; capturing it again, so that the "
+                          f"step computes with its new value. Pass the tensor to the step as "
+                          f"an argument, and a new value needs no new capture.", stacklevel=3)
         program = capture_program(self.step_fn, backend, call, self.name)
         self.captures += 1
         # Registering modules during capture changes the state layout: key by the result.
@@ -176,7 +188,9 @@ class TracedStep:
             self._log_graph_change(previous, program)
             self.programs[key] = [program]   # one program per key: a long run keeps no history
         else:
-            if previous is not None:
+            if stale is not None:
+                self.recaptures.append([reason])
+            elif previous is not None:
                 self._log_recapture(previous[0], key)
             self.programs.setdefault(key, []).append(program)
         self._last = (key, self.programs[key])

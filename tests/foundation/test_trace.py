@@ -299,3 +299,52 @@ def test_a_capture_keeps_older_objects_out_of_the_collector_and_gives_them_back(
     assert gc.get_freeze_count() == before   # and is the collector's again
     assert out.shape == (3,)
     assert torch.equal(out.cpu(), x * 2)
+
+
+def _linear():
+    torch.manual_seed(0)
+    cstorch.backend("CPU")
+    model = nn.Linear(6, 3)
+    return model, cstorch.compile(model)
+
+
+def test_a_closed_over_tensor_written_after_the_capture_is_captured_again():
+    model, compiled = _linear()
+    scale = torch.randn(3, generator=torch.Generator().manual_seed(3))
+
+    @cstorch.trace
+    def scaled(x):
+        return (compiled(x) * scale).sum()
+
+    def eager(x):
+        with torch.no_grad():
+            return float((model(x) * scale).sum())
+
+    x, _ = _batch(1)
+    for _ in range(2):
+        assert rel_err(float(scaled(x)), eager(x)) < 1e-5
+    assert scaled.captures == 1
+    edits = [lambda: scale.mul_(-3.0),                                  # in place
+             lambda: setattr(scale, "data", torch.randn(3) + 5.0)]      # new data
+    for i, edit in enumerate(edits):
+        edit()
+        with pytest.warns(UserWarning, match="closes over.*written in place or given new "
+                                             "data.*as an argument"):
+            got = float(scaled(x))
+        assert rel_err(got, eager(x)) < 1e-5
+        assert rel_err(float(scaled(x)), eager(x)) < 1e-5   # and no capture more
+        assert scaled.captures == 2 + i
+    assert len(scaled.recaptures) == 2
+
+
+def test_a_closed_over_tensor_that_requires_grad_is_refused():
+    _, compiled = _linear()
+    gate = torch.randn(3, requires_grad=True)
+
+    @cstorch.trace
+    def gated(x):
+        return (compiled(x) * gate).sum()
+
+    with pytest.raises(RuntimeError, match=r"shape \(3,\) that requires grad but belongs to "
+                                           r"no compiled module.*detach.*\n.*\n.*gated"):
+        gated(_batch(1)[0])
