@@ -98,14 +98,15 @@ class Program:
     # kept and passed again, instead of slicing the pending gradient out every call.
     unread_grad_arrays: dict = field(default_factory=dict)
     # Host tensors the step closed over, which the program holds as constants, each with
-    # its version counter and data pointer at the capture: `constants_changed`.
+    # its version counter (None for an inference tensor, which has none) and data pointer
+    # at the capture: `constants_changed`.
     constants: tuple = ()
 
     def constants_changed(self):
         """The first constant written in place (or given new data) since the capture,
         or None: the program still computes with the value it had then."""
         for t, version, data in self.constants:
-            if t._version != version or t.data_ptr() != data:
+            if (version is not None and t._version != version) or t.data_ptr() != data:
                 return t
         return None
 
@@ -491,7 +492,8 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                    uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=layout,
                    unread_grads=_unread_grad_inputs(compiled.jaxpr(), n, len(grad_in)),
                    grad_source=GradSource(),
-                   constants=tuple((t, t._version, t.data_ptr()) for t in constants.values()),
+                   constants=tuple((t, None if t.is_inference() else t._version, t.data_ptr())
+                                   for t in constants.values()),
                    finite_check=getattr(lowered, "checked", None) if check_finite else None)
 
 

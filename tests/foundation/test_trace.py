@@ -337,6 +337,20 @@ def test_a_closed_over_tensor_written_after_the_capture_is_captured_again():
     assert len(scaled.recaptures) == 2
 
 
+def test_a_closed_over_inference_tensor_is_a_constant():
+    model, compiled = _linear()
+    with torch.inference_mode():
+        table = torch.randn(3, generator=torch.Generator().manual_seed(4))
+
+    @cstorch.trace
+    def scaled(x):
+        return (compiled(x) * table).sum()
+
+    x, _ = _batch(1)
+    with torch.no_grad():
+        assert rel_err(float(scaled(x)), float((model(x) * table).sum())) < 1e-5
+
+
 def test_a_closed_over_tensor_that_requires_grad_is_refused():
     _, compiled = _linear()
     gate = torch.randn(3, requires_grad=True)
