@@ -201,7 +201,7 @@ _MACHINERY_FILES = frozenset({os.path.join(_TORCH, "__init__.py"),
 def _machinery(filename: str) -> bool:
     """Whether a frame of `filename` is torch's tracing machinery, never the user's code.
     make_fx asks torch's `uninteresting_files()`, whose list takes importing
-    torch._inductor and torch.export to build (0.2-0.4 s of a process's first capture);
+    torch._inductor and torch.export to build (about 0.23 s of a process's first step);
     every file of that list lies in these folders or files."""
     return filename in _MACHINERY_FILES or filename.startswith(_MACHINERY_DIRS)
 
