@@ -88,6 +88,7 @@ class RunState:
         self.complete_at = -1   # the version at which every cell was known to have a value
         self.index: dict[int, int] = {}  # id(cell) -> its position in `cells`
         self._submodules: list = []
+        self._named_submodules: list = []   # (qualified name, module), each module once
         # Metrics a traced step used that no compiled module holds: state as metrics.<name>.
         self.metrics: list = []
         self.holders: list = []   # (prefix, module) of state outside models and metrics
@@ -124,10 +125,13 @@ class RunState:
                 names.append(name)
             entries.append(Entry(name, table, key, tensor, i))
 
-        submodules = []
+        submodules, named, seen = [], [], set()
         for prefix, module in self._modules():
             for mod_name, sub in module.named_modules(remove_duplicate=False):
                 submodules.append(sub)
+                if id(sub) not in seen:
+                    seen.add(id(sub))
+                    named.append((f"{prefix}.{mod_name}" if mod_name else prefix, sub))
                 for kind in ("_parameters", "_buffers", "_modules"):
                     if not isinstance(sub.__dict__[kind], TrackedTable):
                         sub.__dict__[kind] = TrackedTable(sub.__dict__[kind], self)
@@ -157,12 +161,17 @@ class RunState:
         self._watched = [e for e in entries if not isinstance(e.table, TrackedTable)]
         self.index = index
         self._submodules = submodules
+        self._named_submodules = named
         if changed:
             self.version += 1
 
     def modules(self):
         """Every submodule of the compiled modules (their train/eval flags key programs)."""
         return self._submodules
+
+    def named_modules(self):
+        """(qualified name, module) of every submodule of the compiled modules, each once."""
+        return self._named_submodules
 
     def _modules(self):
         mods = self.backend.modules

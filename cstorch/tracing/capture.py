@@ -13,6 +13,7 @@ import contextvars
 import gc
 import logging
 import os
+import re
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from cstorch.backends import csx
 from cstorch.distributed.batch_norm import PerProcessBatchNorm
 from cstorch.metrics.metric import Metric
 from cstorch.optim.optimizer import Optimizer
-from cstorch.tracing import micro_batch
+from cstorch.tracing import attributes, micro_batch
 from cstorch.tracing.arguments import Call, Results
 
 log = logging.getLogger("cstorch")
@@ -101,6 +102,8 @@ class Program:
     # its version counter (None for an inference tensor, which has none) and data pointer
     # at the capture: `constants_changed`.
     constants: tuple = ()
+    # Plain attributes of the compiled modules at the end of the capture (`attributes`).
+    attributes: tuple = ()
 
     def constants_changed(self):
         """The first constant written in place (or given new data) since the capture,
@@ -109,6 +112,49 @@ class Program:
             if (version is not None and t._version != version) or t.data_ptr() != data:
                 return t
         return None
+
+    def _body(self) -> str:
+        """The graph's code without its signature, each input named for what it is: a
+        program captured while gradients were present takes them as inputs even when it
+        never reads them, which shifts the positional names of every later input."""
+        n, g, h = len(self.names), len(self.grad_inputs), 2 * len(self.hyper)
+        roles = {}
+        for k, node in enumerate(n for n in self.graph.graph.nodes if n.op == "placeholder"):
+            roles[node.name] = (f"state_{k}" if k < n else
+                                f"grad_{self.grad_inputs[k - n]}" if k < n + g else
+                                f"hyper_{k - n - g}" if k < n + g + h else
+                                f"input_{k - n - g - h}")
+        lines = self.graph.code.strip().split("\n")[1:]   # after `def forward(self, ...):`
+        return re.sub(r"\b\w+\b", lambda m: roles.get(m.group(0), m.group(0)), "\n".join(lines))
+
+    def computes_like(self, other) -> bool:
+        """Whether `other`, captured for the same key, is this program again: the same
+        graph, constants (closed-over tensors by identity, tensors made in the step by
+        value), non-tensor results and step-closure arguments."""
+        def equal(a, b):
+            try:
+                return bool(a == b)
+            except Exception:   # values without a plain equality (arrays, ...)
+                return False
+
+        def made(program):
+            gm = program.graph
+            return [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
+
+        mine, theirs = made(self), made(other)
+        return (self._body() == other._body()
+                and [id(c[0]) for c in self.constants] == [id(c[0]) for c in other.constants]
+                and len(mine) == len(theirs)
+                and all(type(a) is type(b) and (
+                    a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+                    if isinstance(a, torch.Tensor) else equal(a, b))
+                    for a, b in zip(mine, theirs))
+                and self.grad_rule == other.grad_rule
+                and self.micro_batch_size == other.micro_batch_size
+                and equal(self.results, other.results)
+                and len(self.closures) == len(other.closures)
+                and all(a.fn is b.fn and equal(a.leaves, b.leaves)
+                        for a, b in zip(self.closures, other.closures)))
 
 
 class UnregisteredModule(Exception):
@@ -494,6 +540,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                    grad_source=GradSource(),
                    constants=tuple((t, None if t.is_inference() else t._version, t.data_ptr())
                                    for t in constants.values()),
+                   attributes=attributes.snapshot(state.named_modules()),
                    finite_check=getattr(lowered, "checked", None) if check_finite else None)
 
 

@@ -3,10 +3,11 @@
 A call finds its program by what programs depend on: the call's arguments (tensors by
 shape and dtype, everything else by value), the run's state layout (`RunState.version`:
 entries, ties, modules used), `requires_grad` and train/eval flags, and the optimizers'
-non-float group values and which float ones are zero. Float hyperparameters are inputs,
-so a changed learning rate reuses the program. A call dispatches the program and returns
-at once: state, gradients and returned tensors stay on the device as `DeviceTensor`s
-until something reads them.
+non-float group values and which float ones are zero; a program is then taken only while
+the compiled modules' plain attributes hold the values it was captured with
+(`attributes`). Float hyperparameters are inputs, so a changed learning rate reuses the
+program. A call dispatches the program and returns at once: state, gradients and returned
+tensors stay on the device as `DeviceTensor`s until something reads them.
 """
 import functools
 import logging
@@ -27,7 +28,7 @@ from cstorch.backend import current_backend_impl
 from cstorch.backends import csx
 from cstorch.distributed.process_group import global_inputs
 from cstorch.optim.optimizer import group_writes
-from cstorch.tracing import micro_batch
+from cstorch.tracing import attributes, micro_batch
 from cstorch.tracing.arguments import fingerprint, split_call
 from cstorch.tracing.changes import describe_graph_change, describe_key_change
 from cstorch.tracing.capture import Program, capture_program, capturing
@@ -36,6 +37,8 @@ from cstorch.utils.data.executor import is_activation_step, is_checkpoint_step, 
 
 log = logging.getLogger("cstorch")
 _PLAIN = (bool, int, str, type(None))
+# A module attribute that has changed the program this many times is worth a warning.
+ATTRIBUTE_CAPTURES_WARNED = 3
 _noticed: set = set()
 
 
@@ -94,6 +97,7 @@ class TracedStep:
         self._last = None   # (key, programs) of the last call
         self._rng_placeholder = (None, None)     # (mesh, device array)
         self.recaptures: list = []   # why each capture after the first happened
+        self._attribute_captures: dict = {}   # attribute name -> captures it caused
 
     @property
     def name(self):
@@ -164,15 +168,19 @@ class TracedStep:
             candidates = self._last[1]   # the same key as the last call: no dict lookup
         else:
             candidates = self.programs.setdefault(key, [])
-        stale = None
+        stale = moved = None
         for program in candidates:
             if all(_has_grad(state, i) == present for i, present in program.grad_rule.items()):
                 stale = program.constants_changed() if program.constants else None
-                if stale is None:
-                    self._last = (key, candidates)
-                    return program, values
-                candidates.remove(program)   # it computes with the tensor's old value
-                break
+                if stale is not None:
+                    candidates.remove(program)   # it computes with the tensor's old value
+                    break
+                change = attributes.first_change(program.attributes)
+                if change is not None:   # it was captured with another value of it
+                    moved = moved or (program, candidates, change)
+                    continue
+                self._last = (key, candidates)
+                return program, values
         previous = self._last
         if stale is not None:
             reason = (f"a tensor of shape {tuple(stale.shape)} that the step closes over (not "
@@ -190,11 +198,39 @@ class TracedStep:
         else:
             if stale is not None:
                 self.recaptures.append([reason])
+            elif moved is not None:
+                self._attribute_recapture(moved, program)
             elif previous is not None:
                 self._log_recapture(previous[0], key)
             self.programs.setdefault(key, []).append(program)
         self._last = (key, self.programs[key])
         return program, values
+
+    def _attribute_recapture(self, moved, program):
+        """A module attribute changed since `old` was captured. If the new program computes
+        just as `old` did, the attributes that changed do not matter to it: it replaces
+        `old` and does not watch them."""
+        old, candidates, (name, before, now) = moved
+        changed = set(attributes.changes(old.attributes))
+        if old.computes_like(program):
+            kept = {w[1] for w in old.attributes} - changed
+            program.attributes = tuple(w for w in program.attributes if w[1] in kept)
+            if old in candidates:
+                candidates.remove(old)
+            log.info("cstorch: %s captured again (program %d) for a new value of %s, which "
+                     "left the program the same: %s is no longer watched", self.name,
+                     self.captures, name, ", ".join(sorted(changed)))
+            return
+        reason = f"{name} changed from {attributes.describe(before)} to {attributes.describe(now)}"
+        self.recaptures.append([reason])
+        log.info("cstorch: %s captured again (program %d): %s", self.name, self.captures, reason)
+        count = self._attribute_captures[name] = self._attribute_captures.get(name, 0) + 1
+        if count == ATTRIBUTE_CAPTURES_WARNED:
+            warnings.warn(
+                f"cstorch: {self.name}: {name} has changed the captured program {count} times, "
+                f"and every new value captures and compiles the step again (seconds each). Hold "
+                f"a value that changes during training in a tensor (a buffer of the module, or "
+                f"a step argument), which reaches the program as an input.", stacklevel=4)
 
     def _log_recapture(self, old_key, new_key):
         reasons = describe_key_change(old_key, new_key)

@@ -1,0 +1,188 @@
+"""A plain Python attribute of a compiled module that the step reads, changed after the
+capture, reaches the program: the step is captured again for the new value, as eager
+PyTorch would compute with it (`cstorch.tracing.attributes`)."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import cerebras.pytorch as cstorch
+from cstorch.tracing import attributes
+from tests.foundation.models import rel_err
+
+
+class Scaled(nn.Module):
+    """Reads plain attributes in forward: a float, a string choosing a host table, and a
+    float made into a tensor inside the step."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Dropout(0.0), nn.Linear(8, 3))
+        self.body[1].temperature = 2.0
+        self.tables = {"a": torch.randn(3, generator=torch.Generator().manual_seed(7)),
+                       "b": torch.randn(3, generator=torch.Generator().manual_seed(8))}
+        self.mode = "a"
+        self.shift = 0.5
+        self.steps_seen = 0   # kept by the training loop, never read by forward
+
+    def forward(self, x):
+        h = self.body[0](x)
+        h = self.body[1](h / self.body[1].temperature)
+        h = self.body[3](self.body[2](h))
+        return h * self.tables[self.mode] + torch.tensor(self.shift)
+
+
+def _pair():
+    torch.manual_seed(0)
+    eager = Scaled()
+    ours = copy.deepcopy(eager)
+    ours.tables = eager.tables   # the same host tables: the step closes over them
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(ours)
+    optimizer = cstorch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    reference = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+
+    @cstorch.trace
+    def step(x, y):
+        loss = F.mse_loss(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    def eager_step(x, y):
+        loss = F.mse_loss(eager(x), y)
+        reference.zero_grad()
+        loss.backward()
+        reference.step()
+        return float(loss)
+
+    return eager, ours, step, eager_step
+
+
+def _set(modules, edit):
+    for m in modules:
+        edit(m)
+
+
+def _batch(i):
+    g = torch.Generator().manual_seed(100 + i)
+    return torch.randn(4, 5, generator=g), torch.randn(4, 3, generator=g)
+
+
+def _same_weights(eager, ours):
+    return max(rel_err(p, q) for p, q in zip(ours.state_dict().values(),
+                                             eager.state_dict().values())
+               if p.dtype.is_floating_point)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: setattr(m.body[1], "temperature", 5.0),
+    lambda m: setattr(m, "mode", "b"),
+    lambda m: setattr(m, "shift", -1.5),
+], ids=["float-in-forward", "string-choosing-a-host-table", "float-made-a-tensor-in-the-step"])
+def test_an_attribute_changed_after_the_capture_reaches_the_program(edit):
+    eager, ours, step, eager_step = _pair()
+    for i in range(2):
+        assert rel_err(float(step(*_batch(i))), eager_step(*_batch(i))) < 1e-5
+    _set((eager, ours), edit)
+    for i in range(2, 5):
+        assert rel_err(float(step(*_batch(i))), eager_step(*_batch(i))) < 1e-5
+    assert _same_weights(eager, ours) < 1e-4
+    assert step.captures == 2
+    assert len(step.recaptures) == 1 and "changed from" in step.recaptures[0][0]
+
+
+def test_a_value_seen_before_takes_its_program_again():
+    eager, ours, step, eager_step = _pair()
+    temperatures = [2.0, 5.0, 2.0, 5.0, 2.0]
+    for i, t in enumerate(temperatures):
+        _set((eager, ours), lambda m: setattr(m.body[1], "temperature", t))
+        assert rel_err(float(step(*_batch(i))), eager_step(*_batch(i))) < 1e-5
+    assert step.captures == 2
+    assert step.recaptures == [["model.body.1.temperature changed from 2.0 to 5.0"]]
+    assert _same_weights(eager, ours) < 1e-4
+
+
+def test_a_tensor_made_from_an_attribute_is_compared_by_value():
+    # `torch.tensor(self.shift)` leaves the graph's code the same for every value: only the
+    # constant it makes differs, so the program must not stop watching `shift`.
+    eager, ours, step, eager_step = _pair()
+    for i, shift in enumerate([0.5, -1.5, 3.0, -1.5, 0.25]):
+        _set((eager, ours), lambda m: setattr(m, "shift", shift))
+        assert rel_err(float(step(*_batch(i))), eager_step(*_batch(i))) < 1e-5
+    assert step.captures == 4
+
+
+def test_an_attribute_the_step_does_not_read_costs_one_capture():
+    eager, ours, step, eager_step = _pair()
+    for i in range(6):
+        ours.steps_seen = eager.steps_seen = i + 1
+        assert rel_err(float(step(*_batch(i))), eager_step(*_batch(i))) < 1e-5
+    # Captured again for the first new value, which left the program the same: from then
+    # on `steps_seen` is not watched.
+    assert step.captures == 2
+    assert step.recaptures == []
+    assert _same_weights(eager, ours) < 1e-4
+
+
+def test_an_attribute_that_keeps_changing_the_program_warns():
+    eager, ours, step, eager_step = _pair()
+    step(*_batch(0))
+    eager_step(*_batch(0))
+    for i, t in enumerate([3.0, 4.0], start=1):
+        _set((eager, ours), lambda m: setattr(m.body[1], "temperature", t))
+        step(*_batch(i))
+        eager_step(*_batch(i))
+    _set((eager, ours), lambda m: setattr(m.body[1], "temperature", 6.0))
+    with pytest.warns(UserWarning, match=r"model\.body\.1\.temperature has changed the captured "
+                                         r"program 3 times.*in a tensor") as caught:
+        got = float(step(*_batch(3)))
+    assert caught[0].filename == __file__   # the warning names the user's line
+    assert rel_err(got, eager_step(*_batch(3))) < 1e-5
+
+
+def test_retrace_every_iteration_needs_no_watch():
+    eager, ours, step, eager_step = _pair()
+    cstorch.backends.csx.debug.retrace_every_iteration = True
+    try:
+        for i, t in enumerate([2.0, 5.0]):
+            _set((eager, ours), lambda m: setattr(m.body[1], "temperature", t))
+            assert rel_err(float(step(*_batch(i))), eager_step(*_batch(i))) < 1e-5
+    finally:
+        cstorch.backends.csx.debug.retrace_every_iteration = False
+
+
+def test_plain_values_are_compared_by_type_and_nan_equals_nan():
+    assert not attributes.same(1, True) and not attributes.same(1, 1.0)
+    assert attributes.same(math.nan, float("nan"))
+    assert attributes.same((1, "a", (2.0,)), (1, "a", (2.0,)))
+    assert not attributes.same((1, 2), (1, 2.0))
+    module = nn.Linear(2, 2)
+    module.flag, module.table = True, [1, 2]   # a list is not a plain value: not watched
+    watched = attributes.snapshot([("m", module)])
+    assert {w[1] for w in watched} == {"m.in_features", "m.out_features", "m.flag"}
+    module.flag = False
+    assert attributes.first_change(watched) == ("m.flag", True, False)
+    del module.flag
+    name, _, now = attributes.first_change(watched)
+    assert name == "m.flag" and attributes.describe(now) == "(deleted)"
+
+
+def test_host_tables_of_equal_values_are_told_apart():
+    # Two tables equal at the capture: choosing the other one leaves the program's values
+    # the same, but it closes over another tensor, whose later writes must be seen.
+    eager, ours, step, eager_step = _pair()
+    eager.tables["b"] = eager.tables["a"].clone()
+    step(*_batch(0))
+    eager_step(*_batch(0))
+    _set((eager, ours), lambda m: setattr(m, "mode", "b"))
+    assert rel_err(float(step(*_batch(1))), eager_step(*_batch(1))) < 1e-5
+    _set((eager, ours), lambda m: setattr(m, "mode", "a"))
+    eager.tables["a"].mul_(-2.0)
+    with pytest.warns(UserWarning, match="closes over"):
+        got = float(step(*_batch(2)))
+    assert rel_err(got, eager_step(*_batch(2))) < 1e-5
