@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import sys
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -33,7 +34,7 @@ from cstorch.backends import csx
 from cstorch.distributed.batch_norm import PerProcessBatchNorm
 from cstorch.metrics.metric import Metric
 from cstorch.optim.optimizer import Optimizer
-from cstorch.tracing import attributes, micro_batch
+from cstorch.tracing import hooks, micro_batch, python_values
 from cstorch.tracing.arguments import Call, Results
 
 log = logging.getLogger("cstorch")
@@ -102,8 +103,10 @@ class Program:
     # its version counter (None for an inference tensor, which has none) and data pointer
     # at the capture: `constants_changed`.
     constants: tuple = ()
-    # Plain attributes of the compiled modules at the end of the capture (`attributes`).
-    attributes: tuple = ()
+    # Plain Python values the step may have read, as they were at the end of the capture
+    # (`python_values`): attributes of the compiled modules, globals and closure variables.
+    python_values: tuple = ()
+    hooks: Any = None         # hooks.Hooks: the hooks the step ran, as at the capture
 
     def constants_changed(self):
         """The first constant written in place (or given new data) since the capture,
@@ -452,6 +455,8 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
             traced[i].grad = g
             entry_grads[i] = g
         leaves = {i: traced[i] for i in params}
+        for i, leaf in leaves.items():
+            hooks.put_on_traced(params[i], leaf)
         args, kwargs = call.rebuild(inputs)
         with contextlib.ExitStack() as stack:
             stack.enter_context(_bind(backend, traced))
@@ -540,8 +545,22 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                    grad_source=GradSource(),
                    constants=tuple((t, None if t.is_inference() else t._version, t.data_ptr())
                                    for t in constants.values()),
-                   attributes=attributes.snapshot(state.named_modules()),
+                   python_values=_python_values(step_fn, state.named_modules()),
+                   hooks=hooks.Hooks((m for _, m in state.named_modules()), params.values(),
+                                     backend.optimizers),
                    finite_check=getattr(lowered, "checked", None) if check_finite else None)
+
+
+def _python_values(step_fn, named_modules) -> tuple:
+    """The plain Python values the step may have read: see `python_values`."""
+    classes = {cls for _, m in named_modules for cls in type(m).__mro__}
+    methods: dict = {}
+    for cls in classes:
+        for name, f in vars(cls).items():
+            if isinstance(f, types.FunctionType):
+                methods.setdefault(name, []).append(f)
+    return (python_values.module_attributes(named_modules)
+            + python_values.function_values([step_fn] + methods.get("forward", []), methods))
 
 
 def _global_shape(backend, shape) -> tuple:

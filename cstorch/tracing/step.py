@@ -3,11 +3,12 @@
 A call finds its program by what programs depend on: the call's arguments (tensors by
 shape and dtype, everything else by value), the run's state layout (`RunState.version`:
 entries, ties, modules used), `requires_grad` and train/eval flags, and the optimizers'
-non-float group values and which float ones are zero; a program is then taken only while
-the compiled modules' plain attributes hold the values it was captured with
-(`attributes`). Float hyperparameters are inputs, so a changed learning rate reuses the
-program. A call dispatches the program and returns at once: state, gradients and returned
-tensors stay on the device as `DeviceTensor`s until something reads them.
+non-float group values and which float ones are zero. A program is then taken only while
+the plain Python values the step read (`python_values`) and the hooks it ran (`hooks`)
+are as they were at its capture. Float hyperparameters are inputs, so a changed learning
+rate reuses the program. A call dispatches the program and returns at once: state,
+gradients and returned tensors stay on the device as `DeviceTensor`s until something
+reads them.
 """
 import functools
 import logging
@@ -28,7 +29,7 @@ from cstorch.backend import current_backend_impl
 from cstorch.backends import csx
 from cstorch.distributed.process_group import global_inputs
 from cstorch.optim.optimizer import group_writes
-from cstorch.tracing import attributes, micro_batch
+from cstorch.tracing import micro_batch, python_values
 from cstorch.tracing.arguments import fingerprint, split_call
 from cstorch.tracing.changes import describe_graph_change, describe_key_change
 from cstorch.tracing.capture import Program, capture_program, capturing
@@ -37,8 +38,8 @@ from cstorch.utils.data.executor import is_activation_step, is_checkpoint_step, 
 
 log = logging.getLogger("cstorch")
 _PLAIN = (bool, int, str, type(None))
-# A module attribute that has changed the program this many times is worth a warning.
-ATTRIBUTE_CAPTURES_WARNED = 3
+# A Python value that has changed the program this many times is worth a warning.
+VALUE_CAPTURES_WARNED = 3
 _noticed: set = set()
 
 
@@ -97,7 +98,7 @@ class TracedStep:
         self._last = None   # (key, programs) of the last call
         self._rng_placeholder = (None, None)     # (mesh, device array)
         self.recaptures: list = []   # why each capture after the first happened
-        self._attribute_captures: dict = {}   # attribute name -> captures it caused
+        self._value_captures: dict = {}   # Python value's name -> captures it caused
 
     @property
     def name(self):
@@ -175,9 +176,18 @@ class TracedStep:
                 if stale is not None:
                     candidates.remove(program)   # it computes with the tensor's old value
                     break
-                change = attributes.first_change(program.attributes)
+                change = python_values.first_change(program.python_values)
                 if change is not None:   # it was captured with another value of it
-                    moved = moved or (program, candidates, change)
+                    name, before, now = change
+                    moved = moved or (program, candidates, name, (
+                        f"{name} changed from {python_values.describe(before)} to "
+                        f"{python_values.describe(now)}"))
+                    continue
+                if program.hooks is not None and program.hooks.changed():
+                    moved = moved or (program, candidates, None, (
+                        "a hook the step runs (a module's forward or backward hook, a "
+                        "parameter's gradient hook, an optimizer's step hook) was registered "
+                        "or removed"))
                     continue
                 self._last = (key, candidates)
                 return program, values
@@ -199,33 +209,34 @@ class TracedStep:
             if stale is not None:
                 self.recaptures.append([reason])
             elif moved is not None:
-                self._attribute_recapture(moved, program)
+                self._value_recapture(moved, program)
             elif previous is not None:
                 self._log_recapture(previous[0], key)
             self.programs.setdefault(key, []).append(program)
         self._last = (key, self.programs[key])
         return program, values
 
-    def _attribute_recapture(self, moved, program):
-        """A module attribute changed since `old` was captured. If the new program computes
-        just as `old` did, the attributes that changed do not matter to it: it replaces
-        `old` and does not watch them."""
-        old, candidates, (name, before, now) = moved
-        changed = set(attributes.changes(old.attributes))
+    def _value_recapture(self, moved, program):
+        """A Python value or the modules' hooks changed since `old` was captured. If the
+        new program computes just as `old` did, the change does not matter to it: it
+        replaces `old`, and does not watch the values that changed."""
+        old, candidates, name, reason = moved
         if old.computes_like(program):
-            kept = {w[1] for w in old.attributes} - changed
-            program.attributes = tuple(w for w in program.attributes if w[1] in kept)
+            changed = set(python_values.changes(old.python_values))
+            kept = {w[1] for w in old.python_values} - changed
+            program.python_values = tuple(w for w in program.python_values if w[1] in kept)
             if old in candidates:
                 candidates.remove(old)
-            log.info("cstorch: %s captured again (program %d) for a new value of %s, which "
-                     "left the program the same: %s is no longer watched", self.name,
-                     self.captures, name, ", ".join(sorted(changed)))
+            log.info("cstorch: %s captured again (program %d), which left the program the "
+                     "same: %s%s", self.name, self.captures, reason,
+                     f"; {', '.join(sorted(changed))} no longer watched" if changed else "")
             return
-        reason = f"{name} changed from {attributes.describe(before)} to {attributes.describe(now)}"
         self.recaptures.append([reason])
         log.info("cstorch: %s captured again (program %d): %s", self.name, self.captures, reason)
-        count = self._attribute_captures[name] = self._attribute_captures.get(name, 0) + 1
-        if count == ATTRIBUTE_CAPTURES_WARNED:
+        if name is None:
+            return
+        count = self._value_captures[name] = self._value_captures.get(name, 0) + 1
+        if count == VALUE_CAPTURES_WARNED:
             warnings.warn(
                 f"cstorch: {self.name}: {name} has changed the captured program {count} times, "
                 f"and every new value captures and compiles the step again (seconds each). Hold "

@@ -2,6 +2,9 @@
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+
+import cerebras.pytorch as cstorch
 
 from examples.train_gpt import TinyGPT  # noqa: F401  (the example's model)
 
@@ -22,3 +25,29 @@ def rel_err(a, b):
     a, b = (v.detach().double() if isinstance(v, torch.Tensor)
             else torch.from_numpy(np.array(v, dtype=np.float64)) for v in (a, b))
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+def sgd_pair(eager, ours):
+    """A traced SGD-momentum step that trains `ours` (compiled here) by mean squared error,
+    and the same step in eager PyTorch for `eager`: (step, eager_step, optimizer,
+    reference optimizer). Both steps return the loss."""
+    compiled = cstorch.compile(ours)
+    optimizer = cstorch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    reference = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+
+    @cstorch.trace
+    def step(x, y):
+        loss = F.mse_loss(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    def eager_step(x, y):
+        loss = F.mse_loss(eager(x), y)
+        reference.zero_grad()
+        loss.backward()
+        reference.step()
+        return float(loss)
+
+    return step, eager_step, optimizer, reference

@@ -1,17 +1,18 @@
-"""A plain Python attribute of a compiled module that the step reads, changed after the
-capture, reaches the program: the step is captured again for the new value, as eager
-PyTorch would compute with it (`cstorch.tracing.attributes`)."""
+"""A plain Python value the step reads (an attribute of a compiled module, a global or a
+closure variable of the step), changed after the capture, reaches the program: the step is
+captured again for the new value, as eager PyTorch would compute with it
+(`cstorch.tracing.python_values`)."""
 import copy
+import functools
 import math
 
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
-from cstorch.tracing import attributes
-from tests.foundation.models import rel_err
+from cstorch.tracing import python_values
+from tests.foundation.models import rel_err, sgd_pair
 
 
 class Scaled(nn.Module):
@@ -41,25 +42,7 @@ def _pair():
     ours = copy.deepcopy(eager)
     ours.tables = eager.tables   # the same host tables: the step closes over them
     cstorch.backend("CPU")
-    compiled = cstorch.compile(ours)
-    optimizer = cstorch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
-    reference = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
-
-    @cstorch.trace
-    def step(x, y):
-        loss = F.mse_loss(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    def eager_step(x, y):
-        loss = F.mse_loss(eager(x), y)
-        reference.zero_grad()
-        loss.backward()
-        reference.step()
-        return float(loss)
-
+    step, eager_step, _, _ = sgd_pair(eager, ours)
     return eager, ours, step, eager_step
 
 
@@ -157,19 +140,19 @@ def test_retrace_every_iteration_needs_no_watch():
 
 
 def test_plain_values_are_compared_by_type_and_nan_equals_nan():
-    assert not attributes.same(1, True) and not attributes.same(1, 1.0)
-    assert attributes.same(math.nan, float("nan"))
-    assert attributes.same((1, "a", (2.0,)), (1, "a", (2.0,)))
-    assert not attributes.same((1, 2), (1, 2.0))
+    assert not python_values.same(1, True) and not python_values.same(1, 1.0)
+    assert python_values.same(math.nan, float("nan"))
+    assert python_values.same((1, "a", (2.0,)), (1, "a", (2.0,)))
+    assert not python_values.same((1, 2), (1, 2.0))
     module = nn.Linear(2, 2)
     module.flag, module.table = True, [1, 2]   # a list is not a plain value: not watched
-    watched = attributes.snapshot([("m", module)])
+    watched = python_values.module_attributes([("m", module)])
     assert {w[1] for w in watched} == {"m.in_features", "m.out_features", "m.flag"}
     module.flag = False
-    assert attributes.first_change(watched) == ("m.flag", True, False)
+    assert python_values.first_change(watched) == ("m.flag", True, False)
     del module.flag
-    name, _, now = attributes.first_change(watched)
-    assert name == "m.flag" and attributes.describe(now) == "(deleted)"
+    name, _, now = python_values.first_change(watched)
+    assert name == "m.flag" and python_values.describe(now) == "(deleted)"
 
 
 def test_host_tables_of_equal_values_are_told_apart():
@@ -186,3 +169,103 @@ def test_host_tables_of_equal_values_are_told_apart():
     with pytest.warns(UserWarning, match="closes over"):
         got = float(step(*_batch(2)))
     assert rel_err(got, eager_step(*_batch(2))) < 1e-5
+
+
+SCALE = 2.0
+
+
+def _scaled(h):
+    return h * SCALE   # a helper the step calls by name: its globals are watched too
+
+
+def _linear_pair(seed):
+    torch.manual_seed(seed)
+    model = nn.Linear(5, 3)
+    eager = copy.deepcopy(model)
+    cstorch.backend("CPU")
+    return eager, cstorch.compile(model)
+
+
+def _decorated(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return fn(*args)
+    return wrapper
+
+
+@pytest.mark.parametrize("decorate", [False, True], ids=["plain", "under-a-decorator"])
+def test_a_global_the_step_reads_through_a_helper_reaches_the_program(decorate):
+    global SCALE
+    eager, compiled = _linear_pair(1)
+
+    def step(x):
+        return _scaled(compiled(x)).sum()
+
+    step = cstorch.trace(_decorated(step) if decorate else step)
+
+    x = _batch(0)[0]
+    try:
+        for value in [2.0, -3.0, 2.0]:
+            SCALE = value
+            with torch.no_grad():
+                assert rel_err(float(step(x)), float(_scaled(eager(x)).sum())) < 1e-5
+    finally:
+        SCALE = 2.0
+    assert step.captures == 2
+    assert step.recaptures == [[f"global SCALE of {__name__} changed from 2.0 to -3.0"]]
+
+
+def test_a_closure_variable_of_the_step_reaches_the_program():
+    eager, compiled = _linear_pair(2)
+    factor = 1.5
+
+    @cstorch.trace
+    def step(x):
+        return (compiled(x) * factor).sum()
+
+    x = _batch(0)[0]
+    for factor in [1.5, 4.0, -0.5]:
+        with torch.no_grad():
+            assert rel_err(float(step(x)), float((eager(x) * factor).sum())) < 1e-5
+    assert step.captures == 3
+    assert step.recaptures[0] == [
+        "closure variable factor of test_a_closure_variable_of_the_step_reaches_the_program."
+        "<locals>.step changed from 1.5 to 4.0"]
+
+
+OFFSET = 0.25
+
+
+class Offset(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.shifted(self.linear(x))
+
+    def shifted(self, h):
+        return h + OFFSET   # a global of the module's file, read by a method forward calls
+
+
+def test_a_global_a_module_method_reads_reaches_the_program():
+    global OFFSET
+    torch.manual_seed(3)
+    model = Offset()
+    eager = copy.deepcopy(model)
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+
+    @cstorch.trace
+    def step(x):
+        return compiled(x).sum()
+
+    x = _batch(0)[0]
+    try:
+        for value in [0.25, 7.0]:
+            OFFSET = value
+            with torch.no_grad():
+                assert rel_err(float(step(x)), float(eager(x).sum())) < 1e-5
+    finally:
+        OFFSET = 0.25
+    assert step.captures == 2

@@ -1,0 +1,135 @@
+"""Plain Python values a captured program may depend on: the attributes of the compiled
+modules, and the globals and closure variables of the step function.
+
+`forward` may read `self.temperature` or `self.dropout.p`, and the step a global `SCALE`,
+as Python values: the captured program holds the values they had then. Each program
+therefore keeps these values (numbers, strings, None, dtypes, tuples of those) as they
+were at the end of its capture, and is taken only while they still hold them; otherwise
+the step is captured again, as eager PyTorch would compute with the new value.
+
+Watched: every plain attribute in a compiled submodule's `__dict__`; the plain globals the
+step function and the modules' `forward` methods name, and those of the functions and
+module methods they name, recursively (PyTorch's, JAX's and this package's own functions are not looked into);
+the step function's plain closure variables.
+
+A value whose change left the captured program exactly as it was (a counter kept on a
+module, never read by the step) is not watched by the program that replaces it, so it costs
+one capture, not one per call.
+"""
+import types
+
+import torch
+
+_PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
+# `training` is part of every program's key already; `_is_full_backward_hook` is set by
+# torch itself when a module is called.
+_NOT_WATCHED = frozenset({"training", "_is_full_backward_hook"})
+_MISSING = object()
+# Libraries whose functions are not looked into: their globals are their own settings.
+_LIBRARIES = frozenset({"torch", "jax", "jaxlib", "numpy", "cstorch", "bridge", "wafer"})
+
+
+def _plain(value) -> bool:
+    kind = type(value)
+    if kind in _PLAIN:
+        return True
+    if kind is tuple or kind is frozenset:
+        return all(_plain(v) for v in value)
+    return False
+
+
+def same(a, b) -> bool:
+    """Whether two plain values would be captured alike: 1, 1.0 and True are different
+    values here (they promote differently), and NaN is the same as NaN."""
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is tuple:
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b or (a != a and b != b)
+
+
+# A watched value is (where it lives, the name a message gives it, its key, its value at
+# the capture). Where it lives is a dict (a module's `__dict__`, a function's globals) read
+# at the key, or a closure cell, whose key is None.
+
+def module_attributes(named_modules) -> tuple:
+    """The plain attributes of `named_modules` ((qualified name, module) pairs)."""
+    return tuple((module.__dict__, f"{name}.{attr}", attr, value)
+                 for name, module in named_modules
+                 for attr, value in module.__dict__.items()
+                 if attr not in _NOT_WATCHED and _plain(value))
+
+
+def function_values(fns, methods=None) -> tuple:
+    """The plain globals and closure variables of `fns`, and of the functions they name or
+    close over, recursively. A name that `methods` maps (name -> functions: the methods of
+    the modules, which code reaches as `self.name`) leads to those functions too."""
+    methods = methods or {}
+    found, seen = {}, set()
+    functions = [getattr(fn, "__func__", fn) for fn in fns]   # a bound method: its function
+    functions = [f for f in functions if isinstance(f, types.FunctionType) and not _library(f)]
+    while functions:
+        f = functions.pop()
+        if f.__code__ in seen:
+            continue
+        seen.add(f.__code__)
+        names, codes = set(), [f.__code__]
+        while codes:   # the function's code and the lambdas and comprehensions in it
+            code = codes.pop()
+            names.update(code.co_names)
+            codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        g = f.__globals__
+        for name in sorted(names):
+            functions.extend(m for m in methods.get(name, ()) if not _library(m))
+            value = g.get(name, _MISSING)
+            if isinstance(value, types.FunctionType):
+                if not _library(value):
+                    functions.append(value)
+            elif value is not _MISSING and _plain(value):
+                found[id(g), name] = (g, f"global {name} of {g.get('__name__', '?')}", name, value)
+        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+            value = _contents(cell)
+            if isinstance(value, types.FunctionType):   # a decorator's wrapped function
+                if not _library(value):
+                    functions.append(value)
+            elif value is not _MISSING and _plain(value):
+                found[id(cell), None] = (cell, f"closure variable {name} of {f.__qualname__}",
+                                         None, value)
+    return tuple(found.values())   # a global that two functions name, once
+
+
+def _library(fn) -> bool:
+    return str(fn.__module__).split(".")[0] in _LIBRARIES
+
+
+def _contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:   # a closure variable not assigned yet
+        return _MISSING
+
+
+def _now(where, key):
+    return _contents(where) if key is None else where.get(key, _MISSING)
+
+
+def first_change(watched) -> tuple | None:
+    """(name, value at the capture, value now) of the first watched value that has
+    changed, or None."""
+    for where, name, key, value in watched:
+        now = _contents(where) if key is None else where.get(key, _MISSING)
+        if now is not value and not same(now, value):
+            return name, value, now
+    return None
+
+
+def changes(watched) -> list:
+    """The names of every watched value that has changed."""
+    return [name for where, name, key, value in watched if not same(_now(where, key), value)]
+
+
+def describe(value) -> str:
+    return "(deleted)" if value is _MISSING else repr(value)
