@@ -124,7 +124,10 @@ class TracedStep:
         static, values = self._groups(backend)
         key = (call.key, state.version, tuple([m.training for m in state.modules()]),
                state.requires_grad_key(), static, micro_batch.key(backend, self.name),
-               backend.precision_level, csx.debug.check_finite)
+               backend.precision_level, csx.debug.check_finite,
+               # torch's own settings the capture follows, as eager PyTorch would
+               (torch.get_default_dtype(),
+                torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")))
         return key, values
 
     def _groups(self, backend):

@@ -362,3 +362,32 @@ def test_a_closed_over_tensor_that_requires_grad_is_refused():
     with pytest.raises(RuntimeError, match=r"shape \(3,\) that requires grad but belongs to "
                                            r"no compiled module.*detach.*\n.*\n.*gated"):
         gated(_batch(1)[0])
+
+
+def test_autocast_and_the_default_dtype_at_the_call_choose_the_program():
+    model, compiled = _linear()
+
+    @cstorch.trace
+    def forward(x):
+        return compiled(x), torch.ones(2)
+
+    x, _ = _batch(1)
+    out, ones = forward(x)
+    assert out.dtype == torch.float32 and ones.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        out, _ = forward(x)
+        expected = model(x)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    assert rel_err(out, expected) < 2e-2
+    torch.set_default_dtype(torch.float64)
+    try:
+        _, ones = forward(x)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert ones.dtype == torch.float64
+    out, ones = forward(x)   # back to the first program
+    assert out.dtype == torch.float32 and ones.dtype == torch.float32
+    assert forward.captures == 3
+    assert forward.recaptures[0] == [
+        "default dtype and CPU autocast dtype: (torch.float32, False) -> "
+        "(torch.float32, torch.bfloat16)"]
