@@ -1,16 +1,18 @@
-"""Plain Python values a captured program may depend on: the attributes of the compiled
-modules, and the globals and closure variables of the step function.
+"""Python values a captured program may depend on: the attributes of the compiled modules,
+and the globals and closure variables of the step and of the code it calls.
 
-`forward` may read `self.temperature` or `self.dropout.p`, and the step a global `SCALE`,
-as Python values: the captured program holds the values they had then. Each program
-therefore keeps these values (numbers, strings, None, dtypes, tuples of those) as they
-were at the end of its capture, and is taken only while they still hold them; otherwise
-the step is captured again, as eager PyTorch would compute with the new value.
+`forward` may read `self.temperature`, `self.dropout.p` or a mask tensor `self.mask`, and
+the step a global `SCALE`: the captured program holds the values they had then. Each
+program therefore keeps these values (numbers, strings, None, dtypes, tuples of those; and
+tensors, compared by identity, so that rebinding `self.mask` to another tensor is seen) as
+they were at the end of its capture, and is taken only while they still hold them;
+otherwise the step is captured again, as eager PyTorch would compute with the new value.
+(A tensor written in place is the closed-over constants' concern: `Program.constants`.)
 
-Watched: every plain attribute in a compiled submodule's `__dict__`; the plain globals the
-step function and the modules' `forward` methods name, and those of the functions and
-module methods they name, recursively (PyTorch's, JAX's and this package's own functions are not looked into);
-the step function's plain closure variables.
+Watched: such attributes in a compiled submodule's `__dict__`; such globals that the step
+function and the modules' `forward` methods name, and those of the functions and module
+methods they name, recursively (PyTorch's, JAX's and this package's own functions are not
+looked into); such closure variables of those functions.
 
 A value whose change left the captured program exactly as it was (a counter kept on a
 module, never read by the step) is not watched by the program that replaces it, so it costs
@@ -30,21 +32,23 @@ _LIBRARIES = frozenset({"torch", "jax", "jaxlib", "numpy", "cstorch", "bridge", 
 
 
 def _plain(value) -> bool:
+    """Whether `value` is watched: a plain value, a tensor, or a tuple of those."""
     kind = type(value)
-    if kind in _PLAIN:
+    if kind in _PLAIN or isinstance(value, torch.Tensor):
         return True
-    if kind is tuple or kind is frozenset:
+    if kind is tuple:
         return all(_plain(v) for v in value)
-    return False
+    return kind is frozenset and all(type(v) in _PLAIN for v in value)
 
 
 def same(a, b) -> bool:
-    """Whether two plain values would be captured alike: 1, 1.0 and True are different
-    values here (they promote differently), and NaN is the same as NaN."""
+    """Whether two watched values would be captured alike: 1, 1.0 and True are different
+    values here (they promote differently), NaN is the same as NaN, and a tensor is only
+    the same as itself."""
     if a is b:
         return True
     kind = type(a)
-    if kind is not type(b):
+    if kind is not type(b) or isinstance(a, torch.Tensor):
         return False
     if kind is tuple:
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
@@ -132,4 +136,10 @@ def changes(watched) -> list:
 
 
 def describe(value) -> str:
-    return "(deleted)" if value is _MISSING else repr(value)
+    if value is _MISSING:
+        return "(deleted)"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if type(value) is tuple:
+        return "(" + ", ".join(describe(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return repr(value)

@@ -26,6 +26,7 @@ class Scaled(nn.Module):
         self.tables = {"a": torch.randn(3, generator=torch.Generator().manual_seed(7)),
                        "b": torch.randn(3, generator=torch.Generator().manual_seed(8))}
         self.mode = "a"
+        self.gain = torch.randn(3, generator=torch.Generator().manual_seed(9))   # a plain tensor
         self.shift = 0.5
         self.steps_seen = 0   # kept by the training loop, never read by forward
 
@@ -33,7 +34,7 @@ class Scaled(nn.Module):
         h = self.body[0](x)
         h = self.body[1](h / self.body[1].temperature)
         h = self.body[3](self.body[2](h))
-        return h * self.tables[self.mode] + torch.tensor(self.shift)
+        return h * self.tables[self.mode] * self.gain + torch.tensor(self.shift)
 
 
 def _pair():
@@ -62,11 +63,16 @@ def _same_weights(eager, ours):
                if p.dtype.is_floating_point)
 
 
+_NEW_GAIN = torch.randn(3, generator=torch.Generator().manual_seed(10))
+
+
 @pytest.mark.parametrize("edit", [
     lambda m: setattr(m.body[1], "temperature", 5.0),
     lambda m: setattr(m, "mode", "b"),
     lambda m: setattr(m, "shift", -1.5),
-], ids=["float-in-forward", "string-choosing-a-host-table", "float-made-a-tensor-in-the-step"])
+    lambda m: setattr(m, "gain", _NEW_GAIN),
+], ids=["float-in-forward", "string-choosing-a-host-table", "float-made-a-tensor-in-the-step",
+        "tensor-rebound"])
 def test_an_attribute_changed_after_the_capture_reaches_the_program(edit):
     eager, ours, step, eager_step = _pair()
     for i in range(2):
@@ -144,6 +150,9 @@ def test_plain_values_are_compared_by_type_and_nan_equals_nan():
     assert python_values.same(math.nan, float("nan"))
     assert python_values.same((1, "a", (2.0,)), (1, "a", (2.0,)))
     assert not python_values.same((1, 2), (1, 2.0))
+    t = torch.ones(2)
+    assert python_values.same((t, 1), (t, 1)) and not python_values.same(t, t.clone())
+    assert python_values.describe((t,)) == "(a tensor of shape (2,),)"
     module = nn.Linear(2, 2)
     module.flag, module.table = True, [1, 2]   # a list is not a plain value: not watched
     watched = python_values.module_attributes([("m", module)])
