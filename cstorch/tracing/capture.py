@@ -103,7 +103,7 @@ class Program:
     # its version counter (None for an inference tensor, which has none) and data pointer
     # at the capture: `constants_changed`.
     constants: tuple = ()
-    # Plain Python values the step may have read, as they were at the end of the capture
+    # Python values the step may have read, as they were at the end of the capture
     # (`python_values`): attributes of the compiled modules, globals and closure variables.
     python_values: tuple = ()
     hooks: Any = None         # hooks.Hooks: the hooks the step ran, as at the capture
@@ -552,7 +552,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
 
 
 def _python_values(step_fn, named_modules) -> tuple:
-    """The plain Python values the step may have read: see `python_values`."""
+    """The Python values the step may have read: see `python_values`."""
     classes = {cls for _, m in named_modules for cls in type(m).__mro__}
     methods: dict = {}
     for cls in classes:

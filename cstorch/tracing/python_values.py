@@ -74,10 +74,9 @@ def function_values(fns, methods=None) -> tuple:
     methods = methods or {}
     found, seen = {}, set()
     functions = [getattr(fn, "__func__", fn) for fn in fns]   # a bound method: its function
-    functions = [f for f in functions if isinstance(f, types.FunctionType) and not _library(f)]
     while functions:
         f = functions.pop()
-        if f.__code__ in seen:
+        if not isinstance(f, types.FunctionType) or f.__code__ in seen or _library(f):
             continue
         seen.add(f.__code__)
         names, codes = set(), [f.__code__]
@@ -87,18 +86,16 @@ def function_values(fns, methods=None) -> tuple:
             codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
         g = f.__globals__
         for name in sorted(names):
-            functions.extend(m for m in methods.get(name, ()) if not _library(m))
+            functions.extend(methods.get(name, ()))
             value = g.get(name, _MISSING)
             if isinstance(value, types.FunctionType):
-                if not _library(value):
-                    functions.append(value)
+                functions.append(value)
             elif value is not _MISSING and _plain(value):
                 found[id(g), name] = (g, f"global {name} of {g.get('__name__', '?')}", name, value)
         for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
             value = _contents(cell)
             if isinstance(value, types.FunctionType):   # a decorator's wrapped function
-                if not _library(value):
-                    functions.append(value)
+                functions.append(value)
             elif value is not _MISSING and _plain(value):
                 found[id(cell), None] = (cell, f"closure variable {name} of {f.__qualname__}",
                                          None, value)
@@ -124,6 +121,7 @@ def first_change(watched) -> tuple | None:
     """(name, value at the capture, value now) of the first watched value that has
     changed, or None."""
     for where, name, key, value in watched:
+        # `_now` written out: this runs for every watched value at every call.
         now = _contents(where) if key is None else where.get(key, _MISSING)
         if now is not value and not same(now, value):
             return name, value, now
