@@ -54,15 +54,24 @@ def _describe_settings(old, new) -> list:
     for (k, a), (_, b) in zip(old, new):
         if a == b:
             continue
-        if isinstance(a, bool) and isinstance(b, bool):   # a float's "is zero" flag
-            out.append(f"optimizer setting {k!r}: {'zero' if a else 'non-zero'} -> "
-                       f"{'zero' if b else 'non-zero'}")
+        if _is_float_flag(a) and _is_float_flag(b):
+            out.append(f"optimizer setting {k!r}: {'zero' if a[1] else 'non-zero'} -> "
+                       f"{'zero' if b[1] else 'non-zero'}")
         else:
             out.append(f"optimizer setting {k!r}: {_short(a)} -> {_short(b)}")
     return out
 
 
+def _is_float_flag(part) -> bool:
+    """Whether a key's part for a setting is a float's "is zero" flag (step.py)."""
+    return isinstance(part, tuple) and len(part) == 2 and part[0] is float \
+        and isinstance(part[1], bool)
+
+
 def _short(value) -> str:
+    if _is_float_flag(value):
+        return "zero" if value[1] else "non-zero"
+
     text = repr(value[1] if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], type)
                 else value)
     return text if len(text) < 60 else text[:57] + "..."

@@ -145,14 +145,14 @@ class TracedStep:
                     kind = type(v)
                     if kind is float:
                         values.append(v)
-                        static.append((k, v == 0))
+                        static.append((k, _float_is_zero(v)))
                     elif kind in _PLAIN:
-                        static.append((k, v))
+                        static.append((k, (kind, v)))
                     elif kind is tuple:
                         for x in v:
                             if type(x) is float:
                                 values.append(x)
-                                static.append((k, x == 0))
+                                static.append((k, _float_is_zero(x)))
                             else:
                                 static.append((k, fingerprint(x)))
                                 mutable = mutable or type(x) not in _PLAIN
@@ -373,6 +373,14 @@ class TracedStep:
             named[_hyper_name(backend, o, g, key, index)] = np.float32(value)
         return JaxStep(program, named, [tensor_to_input(t) for t in call.tensors],
                        _rng(backend), backend)
+
+
+def _float_is_zero(value: float) -> tuple:
+    """A float hyperparameter's part of a program key. The program takes the value as an
+    input, but whether it is zero shapes the graph (a zero weight decay is left out). Tagged,
+    so that it never equals an int or bool's part: `(k, False) == (k, 0)`, and an int 0
+    changed to a float 0.1 would otherwise reuse a program that has no input for it."""
+    return (float, value == 0)
 
 
 def _hyper_name(backend, o, g, key, index):

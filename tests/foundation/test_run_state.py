@@ -433,6 +433,23 @@ def test_param_group_added_between_steps():
     assert_same_params(model, ref)
 
 
+def test_int_hyperparameter_set_to_a_float_between_steps():
+    """SGD's weight_decay defaults to the int 0, whose part of the program key once equalled
+    a float's "non-zero" flag (`False == 0`): setting 0.01 reused the program without weight
+    decay, which then failed on the longer hyperparameter vector."""
+    model, compiled, opt, ref, ref_opt = pair()
+    assert type(opt.param_groups[0]["weight_decay"]) is int
+    step = train_step(compiled, opt)
+    for i, (x, y) in enumerate(batches(5)):
+        if i == 2:
+            opt.param_groups[0]["weight_decay"] = 0.01
+            ref_opt.param_groups[0]["weight_decay"] = 0.01
+        close(step(x, y), eager_step(ref, ref_opt, x, y))
+    assert_same_params(model, ref)
+    assert step.captures == 2
+    assert step.recaptures == [["optimizer setting 'weight_decay': 0 -> non-zero"]]
+
+
 def test_hyperparameter_assigned_inside_a_step_is_refused():
     model, compiled, opt, ref, ref_opt = pair()
 
