@@ -560,7 +560,8 @@ def _python_values(step_fn, named_modules) -> tuple:
             if isinstance(f, types.FunctionType):
                 methods.setdefault(name, []).append(f)
     return (python_values.module_attributes(named_modules)
-            + python_values.function_values([step_fn] + methods.get("forward", []), methods))
+            + python_values.function_values([step_fn] + methods.get("forward", []), methods,
+                                            [m for _, m in named_modules]))
 
 
 def _global_shape(backend, shape) -> tuple:

@@ -12,7 +12,9 @@ otherwise the step is captured again, as eager PyTorch would compute with the ne
 Watched: such attributes in a compiled submodule's `__dict__`; such globals that the step
 function and the modules' `forward` methods name, and those of the functions and module
 methods they name, recursively (PyTorch's, JAX's and this package's own functions are not
-looked into); such closure variables of those functions.
+looked into); such closure variables of those functions; and the attributes of the modules
+those globals and closure variables hold (a loss module's `reduction`), whose methods are
+looked into as well.
 
 A value whose change left the captured program exactly as it was (a counter kept on a
 module, never read by the step) is not watched by the program that replaces it, so it costs
@@ -67,13 +69,27 @@ def module_attributes(named_modules) -> tuple:
                  if attr not in _NOT_WATCHED and _plain(value))
 
 
-def function_values(fns, methods=None) -> tuple:
+def function_values(fns, methods=None, modules=()) -> tuple:
     """The plain globals and closure variables of `fns`, and of the functions they name or
     close over, recursively. A name that `methods` maps (name -> functions: the methods of
-    the modules, which code reaches as `self.name`) leads to those functions too."""
+    the modules, which code reaches as `self.name`) leads to those functions too. A module
+    held by such a global or closure variable that is not one of `modules` (watched through
+    `module_attributes`) has its attributes and its submodules' watched, and the methods
+    of their classes looked into."""
     methods = methods or {}
     found, seen = {}, set()
     functions = [getattr(fn, "__func__", fn) for fn in fns]   # a bound method: its function
+    known = {id(m) for m in modules}
+
+    def reach(module, label):
+        for name, m in module.named_modules(prefix=label):
+            if id(m) in known:
+                continue
+            known.add(id(m))
+            for watched in module_attributes([(name, m)]):
+                found[id(watched[0]), watched[2]] = watched
+            functions.extend(f for cls in type(m).__mro__ for f in vars(cls).values()
+                             if isinstance(f, types.FunctionType))
     while functions:
         f = functions.pop()
         if not isinstance(f, types.FunctionType) or f.__code__ in seen or _library(f):
@@ -90,12 +106,16 @@ def function_values(fns, methods=None) -> tuple:
             value = g.get(name, _MISSING)
             if isinstance(value, types.FunctionType):
                 functions.append(value)
+            elif isinstance(value, torch.nn.Module):
+                reach(value, name)
             elif value is not _MISSING and _plain(value):
                 found[id(g), name] = (g, f"global {name} of {g.get('__name__', '?')}", name, value)
         for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
             value = _contents(cell)
             if isinstance(value, types.FunctionType):   # a decorator's wrapped function
                 functions.append(value)
+            elif isinstance(value, torch.nn.Module):
+                reach(value, name)
             elif value is not _MISSING and _plain(value):
                 found[id(cell), None] = (cell, f"closure variable {name} of {f.__qualname__}",
                                          None, value)

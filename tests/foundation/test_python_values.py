@@ -278,3 +278,55 @@ def test_a_global_a_module_method_reads_reaches_the_program():
     finally:
         OFFSET = 0.25
     assert step.captures == 2
+
+
+L1_SHARE = 0.25
+
+
+class MixedLoss(nn.Module):
+    """A loss module the step holds but does not compile: a torch loss inside it, and a
+    global read by its own method."""
+
+    def __init__(self):
+        super().__init__()
+        self.huber = nn.HuberLoss(delta=1.0)
+
+    def forward(self, out, target):
+        return self.huber(out, target) + self.l1_part(out, target)
+
+    def l1_part(self, out, target):
+        return L1_SHARE * (out - target).abs().mean()
+
+
+@pytest.mark.parametrize("edit", ["attribute-of-its-submodule", "global-its-method-reads"])
+def test_an_uncompiled_loss_module_of_the_step_reaches_the_program(edit):
+    global L1_SHARE
+    torch.manual_seed(4)
+    model = nn.Linear(5, 3)
+    eager = copy.deepcopy(model)
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+    loss_fn, eager_loss_fn = MixedLoss(), MixedLoss()
+
+    @cstorch.trace
+    def step(x, y):
+        return loss_fn(compiled(x), y)
+
+    try:
+        for i in range(4):
+            if i == 2:
+                if edit == "global-its-method-reads":
+                    L1_SHARE = 3.0
+                else:
+                    loss_fn.huber.delta = eager_loss_fn.huber.delta = 0.1
+            x, y = _batch(i)
+            y = y * 4   # residuals beyond both deltas
+            with torch.no_grad():
+                assert rel_err(float(step(x, y)), float(eager_loss_fn(eager(x), y))) < 1e-5
+    finally:
+        L1_SHARE = 0.25
+    assert step.captures == 2
+    changed = (f"global L1_SHARE of {__name__} changed from 0.25 to 3.0"
+               if edit == "global-its-method-reads" else
+               "loss_fn.huber.delta changed from 1.0 to 0.1")
+    assert step.recaptures == [[changed]]
