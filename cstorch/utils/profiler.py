@@ -123,8 +123,11 @@ class Profiler:
             listener.on_run_start()
 
     def on_step(self, batch, samples):
-        for a in self.activities.values():
-            a.on_step(batch, samples)
+        if len(self.activities) == 1:   # the rate tracker alone (runs every step)
+            self.rate_tracker.on_step(batch, samples)
+        else:
+            for a in self.activities.values():
+                a.on_step(batch, samples)
         if _run_listeners:   # runs every step: no list copy when nobody listens
             for listener in list(_run_listeners):
                 listener.on_run_step(samples)

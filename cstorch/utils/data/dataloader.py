@@ -127,7 +127,7 @@ class DataLoader:
         return self._step(repeat=True)
 
     def _step(self, repeat: bool):
-        workers = self.workers()
+        workers = self._workers or self.workers()
         if len(workers) == 1:   # the common case, without the lists below (runs every step)
             worker = workers[0]
             batch = worker.took(worker.next_batch(repeat))

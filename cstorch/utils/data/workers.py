@@ -87,6 +87,8 @@ class Worker:
     def next_batch(self, repeat: bool):
         """The worker's next batch. At the end of a pass: with `repeat`, a new pass begins
         (a RuntimeError if it is empty); without, StopIteration."""
+        if not self.streams and _active_worker.get() is None:
+            return self._next(repeat)   # setting None over None: nothing to do (every step)
         # `active()` without the generator-based context manager: this runs every step.
         token = _active_worker.set(self if self.streams else None)
         try:
