@@ -217,9 +217,9 @@ _formatted_traces: dict = {}
 # it calls are the user's; the frames above it are the capture's own) and the folders of
 # library code, whose frames are never the user's line.
 _user_code = contextvars.ContextVar("bridge_user_code", default=None)
+_BRIDGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 _LIBRARY = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in
-                  ("stdlib", "platstdlib", "purelib", "platlib")}
-                 | {os.path.join(os.path.dirname(os.path.abspath(__file__)), ""), "<frozen "})
+                  ("stdlib", "platstdlib", "purelib", "platlib")} | {_BRIDGE_DIR, "<frozen "})
 
 
 def user_source() -> str | None:
@@ -249,9 +249,39 @@ def user_source() -> str | None:
 
 
 def with_user_line(message: str) -> str:
-    """`message` followed by the user's line it is about, when a capture is in progress."""
+    """`message` followed by the user's line it is about, when a capture is in progress,
+    and by the line of an installed library's code (`torch.nn`'s, say) that the user's line
+    led to, when that is where it happened."""
     source = user_source()
-    return f"{message}\nIn the step, at:\n{source}" if source else message
+    if not source:
+        return message
+    inner = _library_line()
+    return f"{message}\nIn the step, at:\n{source}" + (
+        f"\nwhich led to this line of library code:\n{inner}" if inner else "")
+
+
+# torch's own dispatch of a call (a `__torch_function__` mode, `Tensor` methods written
+# in Python): never the line that did something.
+_DISPATCH_FILES = frozenset(os.path.join(_TORCH, f) for f in (
+    "overrides.py", "_tensor.py", "_ops.py", os.path.join("utils", "_python_dispatch.py"),
+    os.path.join("utils", "_device.py"), "_compile.py"))
+
+
+def _library_line() -> str | None:
+    """The innermost frame of installed code outside torch's dispatch machinery and this
+    project's own packages, when it is the innermost frame of the capture's code at all,
+    formatted as a traceback prints it."""
+    codes, library = _user_code.get()
+    own = (_BRIDGE_DIR,) + tuple(library)
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith(own) or name in _DISPATCH_FILES or _machinery(name)):
+            break
+        frame = frame.f_back
+    if frame is None or frame.f_code in codes or not frame.f_code.co_filename.startswith(_LIBRARY):
+        return None
+    return "".join(traceback.StackSummary.extract([(frame, frame.f_lineno)]).format()).rstrip()
 
 
 def _name_of(func) -> str:

@@ -162,6 +162,24 @@ def test_value_read_keeps_the_offending_line(backend, fn, text, how):
     msg = str(info.value)
     assert f"value was read ({how})" in msg and "cstorch.step_closure" in msg
     assert_names_line(info.value, fn, text)
+    assert "library code" not in msg   # the read is the user's own line
+
+
+def test_value_read_in_library_code_names_that_line_too(backend):
+    """BatchNorm with momentum=None reads `num_batches_tracked` on the host inside
+    torch.nn: the message names the user's line and the line of torch that reads."""
+    model = cstorch.compile(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4, momentum=None)))
+
+    def bn_step(x):
+        return model(x).sum()
+
+    with pytest.raises(TensorValueReadError) as info:
+        cstorch.trace(bn_step)(torch.randn(8, 4))
+    msg = str(info.value)
+    assert_names_line(info.value, bn_step, "return model(x).sum()")
+    library = msg.split("which led to this line of library code:\n")[1]
+    assert os.path.join("torch", "nn", "modules", "batchnorm.py") in library
+    assert "float(self.num_batches_tracked)" in library
 
 
 # --- anomaly mode and torch's GradScaler -----------------------------------------------
