@@ -268,9 +268,9 @@ _DISPATCH_FILES = frozenset(os.path.join(_TORCH, f) for f in (
 
 
 def _library_line() -> str | None:
-    """The innermost frame of installed code outside torch's dispatch machinery and this
-    project's own packages, when it is the innermost frame of the capture's code at all,
-    formatted as a traceback prints it."""
+    """Where the torch call being handled was made, as a traceback prints it, when that is
+    an installed library's code (not torch's dispatch machinery, not this project's
+    packages); None when the user's own code made it."""
     codes, library = _user_code.get()
     own = (_BRIDGE_DIR,) + tuple(library)
     frame = sys._getframe(2)

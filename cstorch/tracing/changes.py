@@ -54,11 +54,7 @@ def _describe_settings(old, new) -> list:
     for (k, a), (_, b) in zip(old, new):
         if a == b:
             continue
-        if _is_float_flag(a) and _is_float_flag(b):
-            out.append(f"optimizer setting {k!r}: {'zero' if a[1] else 'non-zero'} -> "
-                       f"{'zero' if b[1] else 'non-zero'}")
-        else:
-            out.append(f"optimizer setting {k!r}: {_short(a)} -> {_short(b)}")
+        out.append(f"optimizer setting {k!r}: {_short(a)} -> {_short(b)}")
     return out
 
 
@@ -71,7 +67,6 @@ def _is_float_flag(part) -> bool:
 def _short(value) -> str:
     if _is_float_flag(value):
         return "zero" if value[1] else "non-zero"
-
     text = repr(value[1] if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], type)
                 else value)
     return text if len(text) < 60 else text[:57] + "..."
