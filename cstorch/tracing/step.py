@@ -99,6 +99,7 @@ class TracedStep:
         self._rng_placeholder = (None, None)     # (mesh, device array)
         self.recaptures: list = []   # why each capture after the first happened
         self._value_captures: dict = {}   # Python value's name -> captures it caused
+        self._warned_input_grad = False
 
     @property
     def name(self):
@@ -303,7 +304,10 @@ class TracedStep:
             grads_in = _grad_arguments(state, program)
         else:
             grads_in = [_grad_param(state, i).grad_array() for i in program.grad_inputs]
-        inputs = [tensor_to_input(t) for t in call.tensors]
+        tensors = call.tensors
+        if not self._warned_input_grad and any([t.requires_grad for t in tensors]):
+            self._warn_input_grad(tensors)
+        inputs = [tensor_to_input(t) for t in tensors]
         if backend.distributed:
             inputs = global_inputs(inputs, program.compiled.input_shardings,
                                    backend.process_count)
@@ -325,6 +329,20 @@ class TracedStep:
         results = program.results.rebuild(values)
         note_step_output(results)
         return results
+
+    def _warn_input_grad(self, tensors):
+        """Eager PyTorch would fill an argument's `.grad` (or backpropagate into the graph
+        it came from); a program takes its arguments as values."""
+        self._warned_input_grad = True
+        which = [i for i, t in enumerate(tensors) if t.requires_grad]
+        warnings.warn(
+            f"cstorch: {self.name}: the argument tensor(s) at position(s) {which} of the step's "
+            f"flattened arguments require grad, but a traced step takes its arguments as "
+            f"values: no gradient reaches them (their .grad is left as it was, and the graph "
+            f"they were computed by is not backpropagated into). To differentiate with "
+            f"respect to an input, call requires_grad_() on it inside the step and use "
+            f"torch.autograd.grad or its .grad there; pass x.detach() to silence this.",
+            stacklevel=3)
 
     def _not_executed(self, program, backend):
         """A compile_only or validate_only call: the program was made, nothing runs. The

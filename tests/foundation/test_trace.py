@@ -1,5 +1,7 @@
 """One capture and one compilation per step signature; the JAX function of a step; the
 errors a traced step raises."""
+import warnings
+
 import jax
 import jax.monitoring
 import numpy as np
@@ -391,3 +393,41 @@ def test_autocast_and_the_default_dtype_at_the_call_choose_the_program():
     assert forward.recaptures[0] == [
         "default dtype and CPU autocast dtype: (torch.float32, False) -> "
         "(torch.float32, torch.bfloat16)"]
+
+
+def test_an_argument_requiring_grad_warns_and_the_in_step_route_matches_eager():
+    """A step takes its arguments as values: eager PyTorch would fill `x.grad`, the program
+    cannot, so the first such call warns (once). Differentiating with respect to the input
+    inside the step, as the warning says, computes what eager PyTorch does."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    eager = nn.Linear(8, 4)
+    eager.load_state_dict(model.state_dict())
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+
+    @cstorch.trace
+    def loss_of(x):
+        return compiled(x).square().mean()
+
+    x = torch.randn(4, 8, requires_grad=True)
+    with pytest.warns(UserWarning, match=r"position\(s\) \[0\].*require grad.*no gradient "
+                                         r"reaches them") as caught:
+        loss_of(x)
+    assert caught[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss_of(x)   # once per step
+        loss_of(x.detach())
+    assert x.grad is None
+
+    @cstorch.trace
+    def input_gradient(x):
+        x = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(compiled(x).square().mean(), x)
+        return g
+
+    y = torch.randn(4, 8)
+    y_leaf = y.clone().requires_grad_()
+    eager(y_leaf).square().mean().backward()
+    assert rel_err(input_gradient(y).to("cpu"), y_leaf.grad) < 1e-5
