@@ -107,6 +107,9 @@ class Program:
     # (`python_values`): attributes of the compiled modules, globals and closure variables.
     python_values: tuple = ()
     hooks: Any = None         # hooks.Hooks: the hooks the step ran, as at the capture
+    # (result position, cell) of results that are a state tensor itself (`return
+    # model.weight`): the call returns that tensor, as eager PyTorch returns the object.
+    held_results: tuple = ()
 
     def constants_changed(self):
         """The first constant written in place (or given new data) since the capture,
@@ -475,9 +478,11 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                     new_state[e.cell] = e.get()
         grad_out = [i for i in sorted(params) if leaves[i].grad is not None]
         results, outs = Results.of(result)
+        cell_of = {id(v): i for i, v in enumerate(new_state)}
+        held = tuple((k, cell_of[id(t)]) for k, t in enumerate(outs) if id(t) in cell_of)
         outs = outs + list(ctx.closure_tensors)
         info.update(results=results, grad_out=grad_out, dtypes=[t.dtype for t in outs],
-                    shapes=[tuple(t.shape) for t in outs])
+                    shapes=[tuple(t.shape) for t in outs], held_results=held)
         return new_state + [leaves[i].grad for i in grad_out] + outs
 
     shapes = ([_Spec(tuple(c.array.shape), c.dtype) for c in cells]
@@ -542,7 +547,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                    hyper, info["results"], info["dtypes"], info["shapes"], ctx.closures,
                    uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=layout,
                    unread_grads=_unread_grad_inputs(compiled.jaxpr(), n, len(grad_in)),
-                   grad_source=GradSource(),
+                   grad_source=GradSource(), held_results=info["held_results"],
                    constants=tuple((t, None if t.is_inference() else t._version, t.data_ptr())
                                    for t in constants.values()),
                    python_values=_python_values(step_fn, state.named_modules()),

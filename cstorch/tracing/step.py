@@ -324,6 +324,8 @@ class TracedStep:
         program.grad_source.publish(grads)
         values = [DeviceTensor.of(a, dt, shape)
                   for a, dt, shape in zip(outs, program.out_dtypes, program.out_shapes)]
+        for k, cell in program.held_results:
+            values[k] = _held_tensor(state, cell)
         if program.closures:
             self._run_closures(program, values[len(program.results.positions):])
         results = program.results.rebuild(values)
@@ -412,6 +414,11 @@ def _grad_param(state, cell):
         if e.cell == cell and e.tensor.requires_grad:
             return e.tensor
     return None
+
+
+def _held_tensor(state, cell):
+    """The tensor (a parameter, a buffer, an optimizer state tensor) held in `cell`."""
+    return next(e.tensor for e in state.entries if e.cell == cell)
 
 
 def _has_grad(state, cell) -> bool:

@@ -450,6 +450,36 @@ def test_int_hyperparameter_set_to_a_float_between_steps():
     assert step.recaptures == [["optimizer setting 'weight_decay': 0 -> non-zero"]]
 
 
+def test_a_returned_parameter_is_the_parameter_itself():
+    """Eager PyTorch returns the Parameter object: later steps show in it, and an in-place
+    edit of it is an edit of the model. A copy would silently drop the edit."""
+    model, compiled, opt, ref, ref_opt = pair()
+
+    @cstorch.trace
+    def step(x, y):
+        loss = F.cross_entropy(compiled(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss, model[0].weight
+
+    def eager(x, y):
+        return eager_step(ref, ref_opt, x, y), ref[0].weight
+
+    data = batches(4)
+    loss, weight = step(*data[0])
+    ref_loss, ref_weight = eager(*data[0])
+    assert weight is model[0].weight
+    with torch.no_grad():
+        weight.mul_(0.5)
+        ref_weight.mul_(0.5)
+    for x, y in data[1:]:
+        loss, _ = step(x, y)
+        close(loss, eager(x, y)[0])
+    close(weight, ref_weight)
+    assert_same_params(model, ref)
+
+
 def test_hyperparameter_assigned_inside_a_step_is_refused():
     model, compiled, opt, ref, ref_opt = pair()
 
