@@ -116,3 +116,31 @@ def test_dataloader_errors():
     with pytest.raises(TypeError, match="iterable"):
         iter(cstorch.utils.data.DataLoader(lambda: 5))
     assert len(_loader(n_batches=3)) == 3
+
+
+def test_the_executors_position_read_inside_a_step_warns_and_a_closure_reads_it_right():
+    """Read while the step is captured, the step number is built into the program: eager
+    PyTorch would see 1, 2, 3, the program 1, 1, 1. That read warns, at the user's line; a
+    step closure reads it after each step."""
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(nn.Linear(1, 1))
+    seen = []
+
+    @cstorch.step_closure
+    def record():
+        seen.append(cstorch.current_executor().user_iteration)
+
+    @cstorch.trace
+    def step(batch):
+        (x,) = batch
+        record()
+        return compiled(x).sum() * 0 + cstorch.current_executor().user_iteration
+
+    executor = cstorch.utils.data.DataExecutor(_loader(n_batches=3), num_steps=3)
+    with pytest.warns(UserWarning, match=r"user_iteration was read while a step was being "
+                                         r"captured.*\(1\)") as caught:
+        baked = [float(step(batch)) for batch in executor]
+    assert caught[0].filename == __file__
+    assert baked == [1.0, 1.0, 1.0]   # what the warning is about
+    assert seen == [1, 2, 3]
+    assert executor.user_iteration == 3 and executor.iteration == 2   # outside a step: no warning

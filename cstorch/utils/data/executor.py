@@ -120,7 +120,7 @@ class DataExecutor:
         self.checkpoint_steps = checkpoint_steps
         self.activation_steps = self._aligned(activation_steps)
         self.profiler = Profiler(profiler_activities)
-        self.iteration = -1
+        self._index = -1   # the current step's zero-based index (`iteration`)
         self._used = False
         self._artifact_dir: Optional[Path] = None
         self.last_output: Optional[torch.Tensor] = None
@@ -162,29 +162,46 @@ class DataExecutor:
                           f"divides the checkpoint steps and is at most num_steps", stacklevel=3)
         return aligned
 
+    # Where the run is. Read inside a traced step, each is the value at the capture, built
+    # into the program (`_read_while_capturing` warns).
+    @property
+    def iteration(self) -> int:
+        """The zero-based index of the current step (-1 before the first)."""
+        return _read_while_capturing("iteration", self._index)
+
     @property
     def user_iteration(self) -> int:
-        return self.iteration + 1
+        """The one-based number of the current step."""
+        return _read_while_capturing("user_iteration", self._index + 1)
 
     @property
     def on_final_iteration(self) -> bool:
-        return self.user_iteration == self.num_steps
+        return _read_while_capturing("on_final_iteration", self._final())
 
     def on_checkpoint_step(self) -> bool:
-        cs = self.checkpoint_steps
-        if cs is None or self.iteration < 0:
-            return False
-        if isinstance(cs, Schedule):
-            return self.iteration in cs
-        if callable(cs):
-            return bool(cs(self.iteration))
-        return (cs > 0 and self.user_iteration % cs == 0) or self.on_final_iteration
+        return _read_while_capturing("on_checkpoint_step()", self._checkpoint_step())
 
     def on_activation_step(self) -> bool:
         """Whether this step's outputs are fetched (step closures and summaries run)."""
+        return _read_while_capturing("on_activation_step()", self._activation_step())
+
+    def _final(self) -> bool:
+        return self._index + 1 == self.num_steps
+
+    def _checkpoint_step(self) -> bool:
+        cs = self.checkpoint_steps
+        if cs is None or self._index < 0:
+            return False
+        if isinstance(cs, Schedule):
+            return self._index in cs
+        if callable(cs):
+            return bool(cs(self._index))
+        return (cs > 0 and (self._index + 1) % cs == 0) or self._final()
+
+    def _activation_step(self) -> bool:
         a = self.activation_steps
-        return (a is None or self.user_iteration % a == 0 or self.on_final_iteration
-                or self.on_checkpoint_step())
+        return (a is None or (self._index + 1) % a == 0 or self._final()
+                or self._checkpoint_step())
 
     @property
     def artifact_dir(self) -> Path:
@@ -228,7 +245,7 @@ class DataExecutor:
             shown = None if progress.bar.disable else progress.update
             for index in range(self.num_steps):
                 batch, samples = self._next_batch()
-                self.iteration = index
+                self._index = index
                 yield batch
                 on_step(batch, samples)
                 if shown is not None:
@@ -276,8 +293,8 @@ class DataExecutor:
 
     def _read_ahead(self):
         """Read and upload the next step's batch (called once a step was dispatched)."""
-        if (self._ahead is not None or self.iteration < 0
-                or self.iteration + 1 >= self.num_steps or self.on_checkpoint_step()):
+        if (self._ahead is not None or self._index < 0
+                or self._index + 1 >= self.num_steps or self._checkpoint_step()):
             return
         self._ahead = _READING   # a step the loader itself runs reads nothing ahead
         try:
@@ -356,6 +373,19 @@ def _exploring(backend) -> bool:
     return mbs == "explore" or (isinstance(mbs, dict) and set(mbs) == {"explore"})
 
 
+def _read_while_capturing(what: str, value):
+    """`value`, with a warning when a step is being captured: the program would hold it."""
+    from cstorch.tracing.capture import capturing
+    if capturing.get() is not None:
+        warnings.warn(
+            f"cstorch.current_executor().{what} was read while a step was being captured: the "
+            f"program holds the value it had then ({value!r}) and every later step computes "
+            f"with it, where eager PyTorch would read it anew each step. Read it in a "
+            f"@cstorch.step_closure, which runs after each step, or pass it to the step as a "
+            f"tensor argument", stacklevel=3)
+    return value
+
+
 def current_executor() -> DataExecutor:
     """The DataExecutor being iterated; an error outside of one."""
     if _current is None:
@@ -371,13 +401,13 @@ def running_executor() -> Optional[DataExecutor]:
 def is_checkpoint_step() -> bool:
     """Whether checkpoint closures run now: on checkpoint steps of the running executor,
     or always when no executor is running."""
-    return True if _current is None else _current.on_checkpoint_step()
+    return True if _current is None else _current._checkpoint_step()
 
 
 def is_activation_step() -> bool:
     """Whether step closures run now: on activation steps of the running executor, or
     always when no executor is running."""
-    return True if _current is None else _current.on_activation_step()
+    return True if _current is None else _current._activation_step()
 
 
 def note_step_output(results) -> None:
