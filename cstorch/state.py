@@ -13,6 +13,7 @@ schedulers alike. A tensor found at an entry that is not one of the run's device
 (a new `nn.Parameter` assigned to a module, a state tensor loaded by `load_state_dict`)
 is adopted: uploaded into a cell and replaced by a device tensor of it.
 """
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,15 +53,30 @@ class Entry:
 class TrackedTable(dict):
     """A compiled module's `_parameters`, `_buffers` or `_modules`: an assignment or removal
     (a new Parameter, a replaced submodule, weights tied after compile) marks the run's
-    state for re-registration before the next step."""
+    state for re-registration before the next step. A new entry while a step is captured
+    is refused: it would hold a traced value once the capture ends."""
 
-    def __init__(self, table, state: "RunState"):
+    def __init__(self, table, state: "RunState", kind: str = ""):
         super().__init__(table)
         self.state = state
+        self.kind = kind
 
     def __setitem__(self, key, value):
+        if self.state.in_capture and key not in self:
+            raise RuntimeError(self._added_in_capture(key))
         super().__setitem__(key, value)
         self.state.dirty = True
+
+    def _added_in_capture(self, key) -> str:
+        from bridge.capture import with_user_line
+        what = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
+        owner = next((name for name, m in self.state.named_modules()
+                      if m.__dict__.get(self.kind) is self), "a compiled module")
+        return with_user_line(
+            f"the traced step registered a new {what.get(self.kind, 'entry')} {key!r} on "
+            f"{owner}: a program cannot add state to the run. Create it before "
+            f"cstorch.compile (in the module's __init__; a mask for the longest sequence, "
+            f"sliced in forward), or use a plain tensor if it needs no keeping")
 
     def __delitem__(self, key):
         super().__delitem__(key)
@@ -83,6 +99,7 @@ class RunState:
         self.names: list[str] = []
         self.entries: list[Entry] = []
         self.dirty = False
+        self.in_capture = False   # a step is being captured: tables refuse new entries
         # Bumped whenever the set of cells or entries changes: programs are keyed by it.
         self.version = 0
         self.complete_at = -1   # the version at which every cell was known to have a value
@@ -134,7 +151,7 @@ class RunState:
                     named.append((f"{prefix}.{mod_name}" if mod_name else prefix, sub))
                 for kind in ("_parameters", "_buffers", "_modules"):
                     if not isinstance(sub.__dict__[kind], TrackedTable):
-                        sub.__dict__[kind] = TrackedTable(sub.__dict__[kind], self)
+                        sub.__dict__[kind] = TrackedTable(sub.__dict__[kind], self, kind)
                 for kind in ("_parameters", "_buffers"):
                     table = sub.__dict__[kind]
                     for key, tensor in list(dict.items(table)):
@@ -164,6 +181,15 @@ class RunState:
         self._named_submodules = named
         if changed:
             self.version += 1
+
+    @contextlib.contextmanager
+    def capturing(self):
+        """While a step is captured: its module tables refuse new entries."""
+        self.in_capture = True
+        try:
+            yield
+        finally:
+            self.in_capture = False
 
     def modules(self):
         """Every submodule of the compiled modules (their train/eval flags key programs)."""

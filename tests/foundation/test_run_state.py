@@ -480,6 +480,42 @@ def test_a_returned_parameter_is_the_parameter_itself():
     assert_same_params(model, ref)
 
 
+class LazyMask(torch.nn.Module):
+    """Registers its mask on the first forward, as some attention code does."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        if getattr(self, "mask", None) is None:
+            self.register_buffer("mask", torch.tril(torch.ones(6, 6)), persistent=False)
+        return self.linear(x) @ self.mask
+
+
+def test_state_registered_inside_a_step_is_refused_and_leaves_the_module_as_it_was():
+    """The buffer would hold a traced value once the capture ended (the next step then
+    failed with an unrelated error). Refused at the registering line; registered before
+    the step, the same module trains as in eager PyTorch."""
+    torch.manual_seed(0)
+    model = LazyMask()
+    ref = copy.deepcopy(model)
+    compiled = cstorch.compile(model)
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    step = train_step(compiled, opt, loss_fn=F.mse_loss)
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    with pytest.raises(RuntimeError, match=r"registered a new buffer 'mask' on model: a "
+                                           r"program cannot add state") as info:
+        step(x, y)
+    assert 'self.register_buffer("mask"' in str(info.value)
+    assert "mask" not in model._buffers and "mask" not in model._non_persistent_buffers_set
+    model.register_buffer("mask", torch.tril(torch.ones(6, 6)), persistent=False)
+    for x, y in [(torch.randn(4, 6), torch.randn(4, 6)) for _ in range(3)]:
+        close(step(x, y), eager_step(ref, ref_opt, x, y, loss_fn=F.mse_loss))
+    assert_same_params(model, ref)
+
+
 def test_hyperparameter_assigned_inside_a_step_is_refused():
     model, compiled, opt, ref, ref_opt = pair()
 
