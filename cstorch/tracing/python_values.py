@@ -3,9 +3,10 @@ and the globals and closure variables of the step and of the code it calls.
 
 `forward` may read `self.temperature`, `self.dropout.p` or a mask tensor `self.mask`, and
 the step a global `SCALE`: the captured program holds the values they had then. Each
-program therefore keeps these values (numbers, strings, None, dtypes, tuples of those; and
-tensors, compared by identity, so that rebinding `self.mask` to another tensor is seen) as
-they were at the end of its capture, and is taken only while they still hold them;
+program therefore keeps these values (numbers, NumPy scalars included, strings, None,
+dtypes, tuples of those; and tensors, compared by identity, so that rebinding `self.mask`
+to another tensor is seen) as they were at the end of its capture, and is taken only while
+they still hold them;
 otherwise the step is captured again, as eager PyTorch would compute with the new value.
 (A tensor written in place is the closed-over constants' concern: `Program.constants`.)
 
@@ -22,6 +23,7 @@ one capture, not one per call.
 """
 import types
 
+import numpy as np
 import torch
 
 _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
@@ -34,9 +36,10 @@ _LIBRARIES = frozenset({"torch", "jax", "jaxlib", "numpy", "cstorch", "bridge", 
 
 
 def _plain(value) -> bool:
-    """Whether `value` is watched: a plain value, a tensor, or a tuple of those."""
+    """Whether `value` is watched: a plain value (a NumPy scalar too: `np.sqrt(d)`), a
+    tensor, or a tuple of those."""
     kind = type(value)
-    if kind in _PLAIN or isinstance(value, torch.Tensor):
+    if kind in _PLAIN or isinstance(value, (torch.Tensor, np.number, np.bool_)):
         return True
     if kind is tuple:
         return all(_plain(v) for v in value)

@@ -6,6 +6,7 @@ import copy
 import functools
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -162,6 +163,33 @@ def test_plain_values_are_compared_by_type_and_nan_equals_nan():
     del module.flag
     name, _, now = python_values.first_change(watched)
     assert name == "m.flag" and python_values.describe(now) == "(deleted)"
+
+
+def test_a_numpy_scalar_attribute_reaches_the_program():
+    """`np.float64` is not `float` (nor `np.int64` an `int`): such attributes were not
+    watched, and a changed value silently kept the old program."""
+    torch.manual_seed(5)
+    model = nn.Linear(5, 3)
+    eager = copy.deepcopy(model)
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+
+    @cstorch.trace
+    def step(x):
+        return (compiled(x) / float(model.temperature) * int(model.repeats)).sum()
+
+    x = _batch(0)[0]
+    for temperature, repeats in [(2.0, 3), (5.0, 3), (5.0, 7), (2.0, 3)]:
+        for m in (model, eager):
+            m.temperature, m.repeats = np.float64(temperature), np.int64(repeats)
+        with torch.no_grad():
+            want = float((eager(x) / temperature * repeats).sum())
+            assert rel_err(float(step(x)), want) < 1e-5
+    assert step.captures == 3
+    assert step.recaptures[0] == ["model.temperature changed from np.float64(2.0) to "
+                                  "np.float64(5.0)"]
+    assert python_values.same(np.float32(1), np.float32(1))
+    assert not python_values.same(np.float32(1), np.float64(1))
 
 
 def test_host_tables_of_equal_values_are_told_apart():
