@@ -4,9 +4,9 @@ and the globals and closure variables of the step and of the code it calls.
 `forward` may read `self.temperature`, `self.dropout.p` or a mask tensor `self.mask`, and
 the step a global `SCALE`: the captured program holds the values they had then. Each
 program therefore keeps these values (numbers, NumPy scalars included, strings, None,
-dtypes, tuples of those; and tensors, compared by identity, so that rebinding `self.mask`
-to another tensor is seen) as they were at the end of its capture, and is taken only while
-they still hold them;
+dtypes, enum members, tuples of those; and tensors and functions, compared by identity, so
+that rebinding `self.mask` to another tensor or `self.act` to another function is seen) as
+they were at the end of its capture, and is taken only while they still hold them;
 otherwise the step is captured again, as eager PyTorch would compute with the new value.
 (A tensor written in place is the closed-over constants' concern: `Program.constants`.)
 
@@ -21,6 +21,8 @@ A value whose change left the captured program exactly as it was (a counter kept
 module, never read by the step) is not watched by the program that replaces it, so it costs
 one capture, not one per call.
 """
+import enum
+import functools
 import types
 
 import numpy as np
@@ -35,11 +37,17 @@ _MISSING = object()
 _LIBRARIES = frozenset({"torch", "jax", "jaxlib", "numpy", "cstorch", "bridge", "wafer"})
 
 
+# Watched by identity: a tensor (its writes are `Program.constants`' concern) and a function
+# (`self.act = F.relu`, then `torch.tanh`).
+_BY_IDENTITY = (torch.Tensor, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                functools.partial)
+
+
 def _plain(value) -> bool:
-    """Whether `value` is watched: a plain value (a NumPy scalar too: `np.sqrt(d)`), a
-    tensor, or a tuple of those."""
+    """Whether `value` is watched: a plain value (a NumPy scalar too: `np.sqrt(d)`; an enum
+    member), a tensor or a function, or a tuple of those."""
     kind = type(value)
-    if kind in _PLAIN or isinstance(value, (torch.Tensor, np.number, np.bool_)):
+    if kind in _PLAIN or isinstance(value, _BY_IDENTITY + (np.number, np.bool_, enum.Enum)):
         return True
     if kind is tuple:
         return all(_plain(v) for v in value)
@@ -48,12 +56,12 @@ def _plain(value) -> bool:
 
 def same(a, b) -> bool:
     """Whether two watched values would be captured alike: 1, 1.0 and True are different
-    values here (they promote differently), NaN is the same as NaN, and a tensor is only
-    the same as itself."""
+    values here (they promote differently), NaN is the same as NaN, and a tensor or a
+    function is only the same as itself."""
     if a is b:
         return True
     kind = type(a)
-    if kind is not type(b) or isinstance(a, torch.Tensor):
+    if kind is not type(b) or isinstance(a, _BY_IDENTITY):
         return False
     if kind is tuple:
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
@@ -108,10 +116,10 @@ def function_values(fns, methods=None, modules=()) -> tuple:
             functions.extend(methods.get(name, ()))
             value = g.get(name, _MISSING)
             if isinstance(value, types.FunctionType):
-                functions.append(value)
+                functions.append(value)   # looked into, and watched (below) by identity
             elif isinstance(value, torch.nn.Module):
                 reach(value, name)
-            elif value is not _MISSING and _plain(value):
+            if value is not _MISSING and _plain(value):
                 found[id(g), name] = (g, f"global {name} of {g.get('__name__', '?')}", name, value)
         for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
             value = _contents(cell)
@@ -119,7 +127,7 @@ def function_values(fns, methods=None, modules=()) -> tuple:
                 functions.append(value)
             elif isinstance(value, torch.nn.Module):
                 reach(value, name)
-            elif value is not _MISSING and _plain(value):
+            if value is not _MISSING and _plain(value):
                 found[id(cell), None] = (cell, f"closure variable {name} of {f.__qualname__}",
                                          None, value)
     return tuple(found.values())   # a global that two functions name, once
@@ -161,6 +169,10 @@ def describe(value) -> str:
         return "(deleted)"
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, _BY_IDENTITY):   # a function: a builtin's qualified name is torch's
+        fn = value.func if isinstance(value, functools.partial) else value
+        name = fn.__qualname__ if isinstance(fn, types.FunctionType) else fn.__name__
+        return f"the function {name}"
     if type(value) is tuple:
         return "(" + ", ".join(describe(v) for v in value) + ("," if len(value) == 1 else "") + ")"
     return repr(value)

@@ -180,15 +180,17 @@ class TracedStep:
                 if stale is not None:
                     candidates.remove(program)   # it computes with the tensor's old value
                     break
+                # A new program is judged against the latest one a change set aside: the
+                # one most like it, and the change its reason gives.
                 change = python_values.first_change(program.python_values)
                 if change is not None:   # it was captured with another value of it
                     name, before, now = change
-                    moved = moved or (program, candidates, name, (
+                    moved = (program, candidates, name, (
                         f"{name} changed from {python_values.describe(before)} to "
                         f"{python_values.describe(now)}"))
                     continue
                 if program.hooks is not None and program.hooks.changed():
-                    moved = moved or (program, candidates, None, (
+                    moved = (program, candidates, None, (
                         "a hook the step runs (a module's forward or backward hook, a "
                         "parameter's gradient hook, an optimizer's step hook) was registered "
                         "or removed"))

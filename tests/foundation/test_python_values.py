@@ -3,6 +3,7 @@ closure variable of the step), changed after the capture, reaches the program: t
 captured again for the new value, as eager PyTorch would compute with it
 (`cstorch.tracing.python_values`)."""
 import copy
+import enum
 import functools
 import math
 
@@ -190,6 +191,67 @@ def test_a_numpy_scalar_attribute_reaches_the_program():
                                   "np.float64(5.0)"]
     assert python_values.same(np.float32(1), np.float32(1))
     assert not python_values.same(np.float32(1), np.float64(1))
+
+
+class Kind(enum.Enum):
+    DOUBLE = 2
+    TRIPLE = 3
+
+
+class Switched(nn.Module):
+    """Chooses by an enum member and calls a function held as an attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(5, 3)
+        self.kind = Kind.DOUBLE
+        self.act = torch.relu
+
+    def forward(self, x):
+        h = self.act(self.linear(x))
+        return h * 2 if self.kind is Kind.DOUBLE else h * 3
+
+
+def OUTER(h):   # a global function the step calls, rebound below
+    return h.sum()
+
+
+def test_an_enum_member_and_a_function_attribute_or_global_reach_the_program():
+    """Enum members were not plain values and functions were not watched at all: a
+    changed mode, `self.act = torch.tanh` or a rebound global function silently kept the
+    old program."""
+    global OUTER
+    torch.manual_seed(6)
+    model = Switched()
+    eager = copy.deepcopy(model)
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+
+    @cstorch.trace
+    def step(x):
+        return OUTER(compiled(x))
+
+    x = _batch(0)[0]
+    original = OUTER
+    changes = [lambda m: None, lambda m: setattr(m, "kind", Kind.TRIPLE),
+               lambda m: setattr(m, "act", torch.tanh)]
+    try:
+        for change in changes:
+            change(model)
+            change(eager)
+            with torch.no_grad():
+                assert rel_err(float(step(x)), float(eager(x).sum())) < 1e-5
+        OUTER = lambda h: h.abs().sum()   # noqa: E731
+        with torch.no_grad():
+            assert rel_err(float(step(x)), float(eager(x).abs().sum())) < 1e-5
+    finally:
+        OUTER = original
+    assert step.captures == 4
+    assert step.recaptures[:2] == [
+        ["model.kind changed from <Kind.DOUBLE: 2> to <Kind.TRIPLE: 3>"],
+        ["model.act changed from the function relu to the function tanh"]]
+    assert step.recaptures[2][0].startswith(f"global OUTER of {__name__} changed from the "
+                                            f"function OUTER to the function ")
 
 
 def test_host_tables_of_equal_values_are_told_apart():
