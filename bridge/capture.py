@@ -78,6 +78,8 @@ class _CaptureMode(TorchFunctionMode):
             # FunctionalTensor's own `__bool__` and `tolist` read through `item`.
             name = (func is _Tensor.item and _functional_value_read()) or func.__name__
             raise TensorValueReadError(_value_read(name, self.hint))
+        if isinstance(kwargs.get("generator"), torch.Generator):
+            raise CaptureError(_explicit_generator(func))
         real = []
 
         def stand_in(t):
@@ -292,6 +294,15 @@ def _value_read(name: str, hint: str) -> str:
     return with_user_line(
         f"a tensor's value was read ({name}) while the step was being traced, but tensor "
         f"values are not known until the step runs. {hint}")
+
+
+def _explicit_generator(func) -> str:
+    return with_user_line(
+        f"{_name_of(func)} was given a torch.Generator: a compiled step draws its random "
+        f"numbers from the step's own key (seeded by torch.manual_seed), which a generator "
+        f"object cannot drive, nor would its state advance. Leave generator= out (seed with "
+        f"torch.manual_seed for a reproducible run), or draw the numbers outside the step "
+        f"and pass them in as an argument")
 
 
 def _data_dependent(func, error) -> str:

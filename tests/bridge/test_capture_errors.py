@@ -182,6 +182,28 @@ def test_value_read_in_library_code_names_that_line_too(backend):
     assert "float(self.num_batches_tracked)" in library
 
 
+@pytest.mark.parametrize("draw", [
+    lambda g: torch.rand(3, generator=g),
+    lambda g: torch.empty(3).uniform_(generator=g),
+    lambda g: torch.multinomial(torch.ones(4), 2, generator=g).float(),
+    lambda g: torch.normal(torch.zeros(3), torch.ones(3), generator=g),
+], ids=["rand", "uniform_", "multinomial", "normal"])
+def test_an_explicit_generator_in_a_step_is_refused(backend, draw):
+    """Some of these ops ran with the generator silently ignored, others failed for want
+    of a lowering: the program's numbers come from the step's key, never from `g`."""
+    g = torch.Generator().manual_seed(3)
+    state = g.get_state()
+
+    def random_step(x):
+        return x + draw(g)
+
+    with pytest.raises(CaptureError, match=r"was given a torch.Generator.*Leave generator= "
+                                           r"out") as info:
+        cstorch.trace(random_step)(torch.zeros(3))
+    assert_names_line(info.value, random_step, "return x + draw(g)")
+    assert torch.equal(g.get_state(), state)
+
+
 # --- anomaly mode and torch's GradScaler -----------------------------------------------
 
 def test_detect_anomaly_in_a_step_is_refused(backend):
