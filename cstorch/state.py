@@ -13,7 +13,6 @@ schedulers alike. A tensor found at an entry that is not one of the run's device
 (a new `nn.Parameter` assigned to a module, a state tensor loaded by `load_state_dict`)
 is adopted: uploaded into a cell and replaced by a device tensor of it.
 """
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +61,7 @@ class TrackedTable(dict):
         self.kind = kind
 
     def __setitem__(self, key, value):
-        if self.state.in_capture and key not in self:
+        if key not in self and _capturing():
             raise RuntimeError(self._added_in_capture(key))
         super().__setitem__(key, value)
         self.state.dirty = True
@@ -90,6 +89,12 @@ class TrackedTable(dict):
         return dict, (dict(self.items()),)
 
 
+def _capturing() -> bool:
+    """Whether a traced step is being captured now."""
+    from cstorch.tracing.capture import capturing
+    return capturing.get() is not None
+
+
 class RunState:
     """Every state cell of a backend, its entries, and the names that key them."""
 
@@ -99,7 +104,6 @@ class RunState:
         self.names: list[str] = []
         self.entries: list[Entry] = []
         self.dirty = False
-        self.in_capture = False   # a step is being captured: tables refuse new entries
         # Bumped whenever the set of cells or entries changes: programs are keyed by it.
         self.version = 0
         self.complete_at = -1   # the version at which every cell was known to have a value
@@ -181,15 +185,6 @@ class RunState:
         self._named_submodules = named
         if changed:
             self.version += 1
-
-    @contextlib.contextmanager
-    def capturing(self):
-        """While a step is captured: its module tables refuse new entries."""
-        self.in_capture = True
-        try:
-            yield
-        finally:
-            self.in_capture = False
 
     def modules(self):
         """Every submodule of the compiled modules (their train/eval flags key programs)."""

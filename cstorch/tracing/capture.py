@@ -469,7 +469,6 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                 stack.enter_context(micro.mark(leaves.values()))
             if backend.distributed and not backend.sync_batchnorm:
                 stack.enter_context(PerProcessBatchNorm(backend.process_count))
-            stack.enter_context(state.capturing())
             token = capturing.set(ctx)
             stack.callback(capturing.reset, token)
             result = step_fn(*args, **kwargs)

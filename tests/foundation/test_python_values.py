@@ -169,11 +169,7 @@ def test_plain_values_are_compared_by_type_and_nan_equals_nan():
 def test_a_numpy_scalar_attribute_reaches_the_program():
     """`np.float64` is not `float` (nor `np.int64` an `int`): such attributes were not
     watched, and a changed value silently kept the old program."""
-    torch.manual_seed(5)
-    model = nn.Linear(5, 3)
-    eager = copy.deepcopy(model)
-    cstorch.backend("CPU")
-    compiled = cstorch.compile(model)
+    model, eager, compiled = _compiled_pair(lambda: nn.Linear(5, 3), 5)
 
     @cstorch.trace
     def step(x):
@@ -221,11 +217,7 @@ def test_an_enum_member_and_a_function_attribute_or_global_reach_the_program():
     changed mode, `self.act = torch.tanh` or a rebound global function silently kept the
     old program."""
     global OUTER
-    torch.manual_seed(6)
-    model = Switched()
-    eager = copy.deepcopy(model)
-    cstorch.backend("CPU")
-    compiled = cstorch.compile(model)
+    model, eager, compiled = _compiled_pair(Switched, 6)
 
     @cstorch.trace
     def step(x):
@@ -277,12 +269,19 @@ def _scaled(h):
     return h * SCALE   # a helper the step calls by name: its globals are watched too
 
 
-def _linear_pair(seed):
+def _compiled_pair(make, seed):
+    """(model, its eager copy, the compiled model) of `make()` under `seed`, on a new CPU
+    backend."""
     torch.manual_seed(seed)
-    model = nn.Linear(5, 3)
+    model = make()
     eager = copy.deepcopy(model)
     cstorch.backend("CPU")
-    return eager, cstorch.compile(model)
+    return model, eager, cstorch.compile(model)
+
+
+def _linear_pair(seed):
+    _, eager, compiled = _compiled_pair(lambda: nn.Linear(5, 3), seed)
+    return eager, compiled
 
 
 def _decorated(fn):
@@ -349,11 +348,7 @@ class Offset(nn.Module):
 
 def test_a_global_a_module_method_reads_reaches_the_program():
     global OFFSET
-    torch.manual_seed(3)
-    model = Offset()
-    eager = copy.deepcopy(model)
-    cstorch.backend("CPU")
-    compiled = cstorch.compile(model)
+    model, eager, compiled = _compiled_pair(Offset, 3)
 
     @cstorch.trace
     def step(x):
@@ -391,11 +386,7 @@ class MixedLoss(nn.Module):
 @pytest.mark.parametrize("edit", ["attribute-of-its-submodule", "global-its-method-reads"])
 def test_an_uncompiled_loss_module_of_the_step_reaches_the_program(edit):
     global L1_SHARE
-    torch.manual_seed(4)
-    model = nn.Linear(5, 3)
-    eager = copy.deepcopy(model)
-    cstorch.backend("CPU")
-    compiled = cstorch.compile(model)
+    model, eager, compiled = _compiled_pair(lambda: nn.Linear(5, 3), 4)
     loss_fn, eager_loss_fn = MixedLoss(), MixedLoss()
 
     @cstorch.trace

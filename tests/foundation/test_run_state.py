@@ -57,8 +57,8 @@ def eager_step(model, optimizer, x, y, loss_fn=F.cross_entropy):
     return loss
 
 
-def pair(lr=0.1, momentum=0.9, seed=0):
-    model, ref = mlp(seed), mlp(seed)
+def pair(lr=0.1, momentum=0.9, seed=0, make=mlp):
+    model, ref = make(seed), make(seed)
     compiled = cstorch.compile(model)
     opt = cstorch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=lr, momentum=momentum)
@@ -497,12 +497,11 @@ def test_state_registered_inside_a_step_is_refused_and_leaves_the_module_as_it_w
     """The buffer would hold a traced value once the capture ended (the next step then
     failed with an unrelated error). Refused at the registering line; registered before
     the step, the same module trains as in eager PyTorch."""
-    torch.manual_seed(0)
-    model = LazyMask()
-    ref = copy.deepcopy(model)
-    compiled = cstorch.compile(model)
-    opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    def make(seed):
+        torch.manual_seed(seed)
+        return LazyMask()
+
+    model, compiled, opt, ref, ref_opt = pair(make=make)
     step = train_step(compiled, opt, loss_fn=F.mse_loss)
     x, y = torch.randn(4, 6), torch.randn(4, 6)
     with pytest.raises(RuntimeError, match=r"registered a new buffer 'mask' on model: a "
