@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor,
                                            FakeTensorMode)
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
@@ -101,9 +102,10 @@ class _CaptureMode(TorchFunctionMode):
         # Raised here, the user's frames stay in the traceback; `from None` drops the fake
         # tensor internals that would bury them.
         meta = fx_traceback.get_current_meta() if fx_traceback.has_preserved_node_meta() else {}
-        own_trace = "stack_trace" not in meta
+        outer_trace = meta.get("stack_trace")
+        own_trace = outer_trace is None or outer_trace == _NO_USER_FRAME
         if own_trace:
-            meta["stack_trace"] = _stack_trace()
+            meta["stack_trace"] = _stack_trace() or _NO_USER_FRAME
         try:
             if func in _BACKWARD_CALLS:
                 return _backward(func, args, kwargs, self.hint)
@@ -117,7 +119,9 @@ class _CaptureMode(TorchFunctionMode):
             raise TensorValueReadError(_value_read(_name_of(func), self.hint)) from None
         finally:
             if own_trace:
-                meta.pop("stack_trace", None)
+                meta["stack_trace"] = outer_trace
+                if outer_trace is None:
+                    del meta["stack_trace"]
 
 
 def _functional_value_read() -> str | None:
@@ -213,6 +217,11 @@ try:
 except ImportError:  # a torch without anchors: make_fx keeps `forward` frames only
     _STACK_TRACE_ANCHORS = frozenset()
 _formatted_traces: dict = {}
+# The stack trace of a node no frame of the user's code made (a graph input, or an op of a
+# step defined in `python -c` or `exec`'d code, whose frames are `<string>`). make_fx
+# extracts and symbolises the whole stack itself for any node without a trace, to find
+# the same nothing (0.5 s of gpt-small's capture from `python -c`). Removed afterwards.
+_NO_USER_FRAME = "<no user frame>"
 
 
 # The capture in progress: the code objects of the user's function (its frames and those
@@ -529,8 +538,16 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
         # value-dependent checks under torch.compile (transformers' masks) skips them here.
         with fake_mode, _CaptureMode(value_read_hint, tensor_hook), \
                 fx_traceback.preserve_node_meta(), torch.enable_grad(), _compiling():
-            graph = make_fx(functional_fn, decomposition_table=decompositions(),
-                            record_stack_traces=True)(*fakes)
+            fx_traceback.get_current_meta()["stack_trace"] = _NO_USER_FRAME
+            # A lazy graph module generates its Python code only when the code is read or
+            # called (the graph's artifact, a recapture's comparison); lowering reads the
+            # nodes. make_fx and the clean-up below would each generate it.
+            with _use_lazy_graph_module(True):
+                graph = make_fx(functional_fn, decomposition_table=decompositions(),
+                                record_stack_traces=True)(*fakes)
+        for node in graph.graph.nodes:
+            if node.meta.get("stack_trace") == _NO_USER_FRAME:
+                del node.meta["stack_trace"]
         _point_gradients_at_forward(graph)
         _drop_profiler_ops(graph)
         graph.graph.eliminate_dead_code()
