@@ -9,11 +9,12 @@ from bridge.device_tensor import Absent, Cell, DeviceTensor
 from bridge.errors import LoweringError, TensorValueReadError
 from bridge.export import DynamicShapeError, to_jax
 from bridge.lower import check_lowerable, lower, missing_lowerings
+from bridge.read_order import read_after_update
 from bridge.ops import LOWERINGS, lowering
 
 __all__ = [
     "capture", "capture_stats", "CaptureStats", "decompositions", "lower", "check_lowerable",
-    "missing_lowerings", "LOWERINGS",
+    "missing_lowerings", "read_after_update", "LOWERINGS",
     "lowering", "LoweringError", "TensorValueReadError", "tensor_to_jax", "tensor_to_numpy",
     "jax_to_tensor", "numpy_to_tensor", "tensor_to_input", "Absent", "Cell", "DeviceTensor",
     "to_jax_dtype", "to_torch_dtype", "to_jax", "DynamicShapeError",

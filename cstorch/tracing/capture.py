@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import gc
 import logging
+import math
 import os
 import re
 import sys
@@ -539,7 +540,8 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
         jax_fn, ([c.array for c in cells], [cells[i].array for i in grad_in],
                  np.zeros(2 * n_hyper, np.float32), inputs, np.zeros(2, np.uint32)),
         mesh=backend.mesh, artifact_dir=backend.artifacts_dir, name=name,
-        compile=not backend.params.get("validate_only"), replicate_outputs=backend.distributed)
+        compile=not backend.params.get("validate_only"), replicate_outputs=backend.distributed,
+        kept=_kept_state(graph, cells, backend) if micro is None else ())
     if backend.artifacts_dir:
         backend.layout_report(file=False)
     grad_rule = {i: (i in grad_in) for i in params if i not in cleared}
@@ -554,6 +556,25 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                    hooks=hooks.Hooks((m for _, m in state.named_modules()), params.values(),
                                      backend.optimizers),
                    finite_check=getattr(lowered, "checked", None) if check_finite else None)
+
+
+# XLA copies a donated state array that is read after its new value could be made (a
+# parameter read by the backward pass while the optimizer updates it from its gradient)
+# before updating it in place. On the CPU such an array is not donated when it is at least
+# this large: its new value then takes a buffer of its own, which holds as much as the copy
+# did but costs no copying. Below the size, donation cost less in the measurements
+# (docs/benchmarks.md, "Changes of 2026-12-06").
+KEEP_MIN_BYTES = 256 * 1024
+
+
+def _kept_state(graph, cells, backend) -> tuple:
+    """Indices of the state arrays the program takes without donating them."""
+    if backend.mesh.devices.flat[0].platform != "cpu":
+        return ()
+    late = bridge.read_after_update(graph, len(cells))
+    return tuple(i for i, (read_late, c) in enumerate(zip(late, cells))
+                 if read_late and math.prod(c.array.shape) * np.dtype(c.array.dtype).itemsize
+                 >= KEEP_MIN_BYTES)
 
 
 def _python_values(step_fn, named_modules) -> tuple:
