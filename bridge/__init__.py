@@ -9,8 +9,8 @@ from bridge.device_tensor import Absent, Cell, DeviceTensor
 from bridge.errors import LoweringError, TensorValueReadError
 from bridge.export import DynamicShapeError, to_jax
 from bridge.lower import check_lowerable, lower, missing_lowerings
-from bridge.read_order import read_after_update
 from bridge.ops import LOWERINGS, lowering
+from bridge.read_order import read_after_update
 
 __all__ = [
     "capture", "capture_stats", "CaptureStats", "decompositions", "lower", "check_lowerable",
