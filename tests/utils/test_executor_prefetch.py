@@ -1,12 +1,27 @@
-"""DataExecutor(prefetch=True): batches uploaded as device tensors, the next one read while
-the step runs, never across a checkpoint step or past the run, and the same training."""
+"""DataExecutor(prefetch=True): the next batch read while the step runs, never across a
+checkpoint step or past the run, and the same training. On the CPU backend the batches
+stay the loader's host tensors; on accelerators they are uploaded as device tensors, a
+path these tests take on the CPU by making the executor upload (`uploads` fixture)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
+import cstorch.utils.data.executor as executor_module
 from bridge.device_tensor import DeviceTensor
 from cerebras.pytorch.utils.data import DataExecutor, DataLoader
+
+
+@pytest.fixture(params=["host", "upload"])
+def uploads(request, monkeypatch):
+    """Whether prefetched batches are uploaded: as on the CPU (no), or as on an accelerator."""
+    if request.param == "upload":
+        monkeypatch.setattr(executor_module, "_uploads", lambda mesh: True)
+    return request.param == "upload"
+
+
+def _host(t):
+    return t.host() if isinstance(t, DeviceTensor) else t
 
 
 def _data(n=6):
@@ -48,22 +63,25 @@ def _step():
     return step
 
 
-def test_prefetched_batches_are_device_tensors_with_the_same_values_and_training():
+def test_prefetched_batches_have_the_same_values_and_training(uploads):
     data = _data()
     plain = _step()
     expected = [float(plain(x, y)) for x, y in DataExecutor(DataLoader(lambda: data))]
     step = _step()
     losses = []
     for i, (x, y) in enumerate(DataExecutor(DataLoader(lambda: data), prefetch=True)):
-        assert isinstance(x, DeviceTensor) and isinstance(y, DeviceTensor)
-        assert y.dtype == torch.int64
-        assert torch.equal(x.host(), data[i][0]) and torch.equal(y.host(), data[i][1])
+        if uploads:
+            assert isinstance(x, DeviceTensor) and isinstance(y, DeviceTensor)
+            assert y.dtype == torch.int64
+            assert torch.equal(x.host(), data[i][0]) and torch.equal(y.host(), data[i][1])
+        else:   # the loader's own tensors: no copy on the host
+            assert x is data[i][0] and y is data[i][1]
         losses.append(float(step(x, y)))
     assert losses == expected
     assert step.captures == 1
 
 
-def test_the_next_batch_is_read_once_a_step_is_dispatched_but_not_after_a_checkpoint_step():
+def test_the_next_batch_is_read_once_a_step_is_dispatched_but_not_after_a_checkpoint_step(uploads):
     step, source = _step(), _Counted(_data())
     executor = DataExecutor(DataLoader(lambda: source), num_steps=6, checkpoint_steps=3,
                             prefetch=True)
@@ -76,19 +94,19 @@ def test_the_next_batch_is_read_once_a_step_is_dispatched_but_not_after_a_checkp
     assert taken == [(1, 2), (2, 3), (3, 3), (4, 5), (5, 6), (6, 6)]
 
 
-def test_a_loader_that_saves_its_position_is_not_read_ahead_without_checkpoint_steps():
+def test_a_loader_that_saves_its_position_is_not_read_ahead_without_checkpoint_steps(uploads):
     step, source = _step(), _Counted(_data(), with_state=True)
     for x, y in DataExecutor(DataLoader(lambda: source), num_steps=5, prefetch=True):
         step(x, y)
         assert source.taken == cstorch.current_executor().user_iteration
 
 
-def test_a_batch_read_ahead_and_left_unused_starts_the_next_executor():
+def test_a_batch_read_ahead_and_left_unused_starts_the_next_executor(uploads):
     step, data = _step(), _data()
     loader = DataLoader(lambda: data)
     seen = []
     for x, y in DataExecutor(loader, num_steps=6, prefetch=True):
-        seen.append(x.host())
+        seen.append(_host(x))
         step(x, y)
         if len(seen) == 2:
             break   # batch 3 was read ahead
@@ -97,7 +115,7 @@ def test_a_batch_read_ahead_and_left_unused_starts_the_next_executor():
     assert all(torch.equal(a, b[0]) for a, b in zip(seen, data[:4]))
 
 
-def test_a_loader_error_while_reading_ahead_is_raised_where_the_loop_asks_for_the_batch():
+def test_a_loader_error_while_reading_ahead_is_raised_where_the_loop_asks_for_the_batch(uploads):
     step, source = _step(), _Counted(_data(), fail_at=2)
     done = []
     with pytest.raises(ValueError, match="bad batch"):
@@ -126,7 +144,7 @@ def _uneven():
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_the_rate_tracker_counts_each_batchs_own_samples(prefetch):
+def test_the_rate_tracker_counts_each_batchs_own_samples(prefetch, uploads):
     # The executor counts a step's samples from what the worker counted when it read the
     # batch (a read-ahead batch keeps its own count); a batch left unused by an earlier
     # executor is counted by the next one.
