@@ -3,7 +3,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 
@@ -15,24 +15,28 @@ from wafer.layout import batch_sharding, replicated, state_sharding
 class CompiledStep:
     """An XLA executable of ``fn(state, grads, hyper, inputs, rng) -> (state, grads, outputs)``.
 
-    With `kept` (indices of state arrays that are not donated), the executable takes and
-    returns the donated state arrays and the kept ones as two lists; a call takes and
-    returns the state as one list all the same."""
+    With `split` (some state arrays are not donated), the executable takes and returns
+    the donated state arrays and the kept ones as two lists; a call takes and returns the
+    state as one list all the same."""
     executable: Any
     traced: Any
     lowered: Any
     input_shardings: list   # of the call's tensor inputs
-    kept: tuple = ()
+    split: Optional["StateSplit"] = None
+
+    @property
+    def kept(self) -> tuple:
+        """Indices of the state arrays that are not donated."""
+        return self.split.kept if self.split is not None else ()
 
     def __call__(self, state, *rest):
         if self.executable is None:
             raise RuntimeError("this step was lowered but not compiled (a validate_only "
                                "backend); it cannot run")
-        if not self.kept:
+        if self.split is None:
             return self.executable(state, *rest)
-        donated, kept = _split(state, self.kept)
-        new_donated, new_kept, grads, outs = self.executable(donated, kept, *rest)
-        return _merge(new_donated, new_kept, self.kept), grads, outs
+        new_donated, new_kept, grads, outs = self.executable(*self.split.apart(state), *rest)
+        return self.split.together(new_donated, new_kept), grads, outs
 
     def jaxpr(self):
         return self.traced.jaxpr
@@ -61,10 +65,10 @@ def compile_step(fn: Callable, args, *, mesh, artifact_dir: str | None = None,
         out_sh = replicated(mesh)
         grad_sh = [out_sh] * len(grads)   # gradients come back in as they went out
     rest_sh = (grad_sh, replicated(mesh), input_sh, replicated(mesh))
-    kept = tuple(sorted(kept))
-    if kept:
-        fn, args = _kept_apart(fn, kept), (*_split(state, kept), *args[1:])
-        state_sh = _split(state_sh, kept)
+    split = StateSplit(len(state), kept) if kept else None
+    if split is not None:
+        fn, args = _kept_apart(fn, split), (*split.apart(state), *args[1:])
+        state_sh = split.apart(state_sh)
         jitted = jax.jit(fn, in_shardings=(*state_sh, *rest_sh),
                          out_shardings=(*state_sh, out_sh, out_sh), donate_argnums=(0,))
     else:
@@ -82,30 +86,39 @@ def compile_step(fn: Callable, args, *, mesh, artifact_dir: str | None = None,
         start = time.perf_counter()
         write_artifacts(traced, lowered, executable, artifact_dir, name)
         stats.artifact_seconds += time.perf_counter() - start
-    return CompiledStep(executable, traced, lowered, input_sh, kept)
+    return CompiledStep(executable, traced, lowered, input_sh, split)
 
 
-def _split(state, kept):
-    """(the arrays not in `kept`, the arrays in `kept`), each in index order."""
-    kept_set = set(kept)
-    return [a for i, a in enumerate(state) if i not in kept_set], [state[i] for i in kept]
+class StateSplit:
+    """The state list taken apart into the donated arrays and the kept ones, each in index
+    order, and put back together. Every call of a step does both, so the index lists are
+    worked out once."""
+
+    def __init__(self, n: int, kept: Sequence[int]):
+        kept_set = set(kept)
+        self.kept = tuple(sorted(kept_set))
+        self.donated = tuple(i for i in range(n) if i not in kept_set)
+
+    def apart(self, state) -> tuple:
+        return [state[i] for i in self.donated], [state[i] for i in self.kept]
+
+    def together(self, donated, kept_arrays) -> list:
+        state = [None] * (len(self.donated) + len(self.kept))
+        for i, a in zip(self.donated, donated):
+            state[i] = a
+        for i, a in zip(self.kept, kept_arrays):
+            state[i] = a
+        return state
 
 
-def _merge(donated, kept_arrays, kept):
-    state = list(donated)
-    for i, a in zip(kept, kept_arrays):
-        state.insert(i, a)
-    return state
-
-
-def _kept_apart(fn, kept):
+def _kept_apart(fn, split: StateSplit):
     """`fn` taking and returning the donated and the kept state arrays as two lists.
     JAX gives a donated input's buffer to the first output of its shape and dtype that has
     none yet, so the donated arrays' new values come first, in their inputs' order: each
     gets its own input's buffer, and the kept arrays' new values get fresh ones."""
     def apart(donated, kept_arrays, *rest):
-        state, grads, outs = fn(_merge(donated, kept_arrays, kept), *rest)
-        return (*_split(state, kept), grads, outs)
+        state, grads, outs = fn(split.together(donated, kept_arrays), *rest)
+        return (*split.apart(state), grads, outs)
     return apart
 
 

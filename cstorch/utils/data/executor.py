@@ -292,7 +292,11 @@ class DataExecutor:
             samples = self.dataloader.last_samples   # counted once, by the worker
         else:
             samples = infer_batch_size(batch) or 0
-        return (batch if self._upload is None else self._upload(batch)), samples
+        return self._uploaded(batch), samples
+
+    def _uploaded(self, batch):
+        """`batch` as the loop gets it: uploaded while prefetching to an accelerator."""
+        return batch if self._upload is None else self._upload(batch)
 
     def _read_ahead(self):
         """Read and upload the next step's batch (called once a step was dispatched)."""
@@ -302,8 +306,7 @@ class DataExecutor:
         self._ahead = _READING   # a step the loader itself runs reads nothing ahead
         try:
             batch = self.dataloader.next_batch()
-            self._ahead = (batch, batch if self._upload is None else self._upload(batch),
-                           self.dataloader.last_samples)
+            self._ahead = (batch, self._uploaded(batch), self.dataloader.last_samples)
         except Exception as e:  # raised where the loop asks for that batch
             self._ahead = e
 
