@@ -71,7 +71,8 @@ def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = Non
         # Where tensors that meet the module's state belong (Model Zoo's norm callbacks
         # build theirs with `.to(model.device)`): the torch side is on the CPU.
         model.device = backend.torch_device
-    tensors = len(model.state_dict(keep_vars=True))
+    # Counted without state_dict(), whose hooks are the user's and must not run here.
+    tensors = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
     start = time.perf_counter()
     show = bool(backend.params.get("log_initialization")) and sys.stderr.isatty()
     with tqdm(total=tensors, desc="initializing", unit="tensor", disable=not show) as bar:

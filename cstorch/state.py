@@ -264,6 +264,7 @@ class RunState:
             device = torch.nn.Parameter(device, requires_grad=tensor.requires_grad)
         elif tensor.requires_grad:
             device.requires_grad_(True)
+        _carry_gradient_hooks(tensor, device)
         if isinstance(table, list):
             table[key] = device
         else:
@@ -346,3 +347,13 @@ def _to_device(tensor, sharding):
         tensor = tensor.host()
     return tensor_to_jax(tensor.detach(), sharding)
 
+
+
+def _carry_gradient_hooks(tensor, device):
+    """Hooks registered on a tensor before compile run on its device tensor, and the
+    handles taken then still remove them: the device tensor holds the very same hook
+    tables."""
+    for table in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+        hooks = getattr(tensor, table, None)
+        if hooks:
+            setattr(device, table, hooks)

@@ -122,3 +122,67 @@ def test_hooks_elsewhere_and_gradients_read_between_steps_capture_nothing():
         assert rel_err(ours[0].weight.grad, eager[0].weight.grad) < 1e-4
     assert step.captures == 1
     assert _weights_err(eager, ours) < 1e-4
+
+
+def _pair_hooked_before_compile(kind, seed):
+    """As `_pair`, with the hook of `kind` registered on both models before `ours` is
+    compiled (and, for the optimizer hook, before the step's optimizer exists)."""
+    torch.manual_seed(seed)
+    eager = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+    ours = copy.deepcopy(eager)
+    handles = []
+    if kind != "optimizer-step-pre":
+        handles = [HOOKS[kind](eager, _params, None), HOOKS[kind](ours, _params, None)]
+    cstorch.backend("CPU")
+    step, eager_step, optimizer, reference = sgd_pair(eager, ours)
+    if kind == "optimizer-step-pre":
+        handles = [HOOKS[kind](eager, _params, reference),
+                   HOOKS[kind](ours, _params, optimizer)]
+    return (eager, ours), step, eager_step, handles
+
+
+@pytest.mark.parametrize("kind", list(HOOKS))
+def test_a_hook_registered_before_compile_runs_and_its_handle_removes_it(kind):
+    (eager, ours), step, eager_step, handles = _pair_hooked_before_compile(kind, 4)
+    _train(step, eager_step, range(3))
+    assert _weights_err(eager, ours) < 1e-4
+    for h in handles:
+        h.remove()   # the handle taken before compile still reaches the compiled model
+    _train(step, eager_step, range(3, 6))
+    assert step.captures == 2
+    assert _weights_err(eager, ours) < 1e-4
+
+
+def test_a_gradient_hook_registered_before_compile_changes_the_training():
+    """The hook zeroes the first weight's gradient: eager leaves that weight where it was."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+    start = model[0].weight.detach().clone()
+    model[0].weight.register_hook(torch.zeros_like)
+    calls = []
+    model[2].weight.register_post_accumulate_grad_hook(lambda p: calls.append(1))
+    cstorch.backend("CPU")
+    step, _, _, _ = sgd_pair(copy.deepcopy(model), model)
+    for i in range(3):
+        step(*_batch(i))
+    assert torch.equal(model[0].weight.detach(), start)
+    assert not torch.equal(model[2].weight.detach(), model[2].weight.detach() * 0)
+    assert len(calls) == 1   # a hook's Python side runs once, when the step is captured
+
+
+def test_state_dict_hooks_registered_before_compile_still_run():
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(3, 2))
+    seen = []
+    model.register_state_dict_pre_hook(lambda m, prefix, keep_vars: seen.append("pre"))
+    handle = model._register_state_dict_hook(
+        lambda m, sd, prefix, meta: sd.__setitem__("extra", torch.ones(1)))
+    model.register_load_state_dict_post_hook(lambda m, keys: seen.append("load-post"))
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+    sd = compiled.state_dict()
+    assert "extra" in sd and seen == ["pre"]
+    handle.remove()
+    assert "extra" not in compiled.state_dict()
+    compiled.load_state_dict({k: v * 2 for k, v in compiled.state_dict().items()})
+    assert seen == ["pre", "pre", "pre", "load-post"]
