@@ -15,15 +15,22 @@ function and the modules' `forward` methods name, and those of the functions and
 methods they name, recursively (PyTorch's, JAX's and this package's own functions are not
 looked into); such closure variables of those functions; and the attributes of the modules
 those globals and closure variables hold (a loss module's `reduction`), whose methods are
-looked into as well.
+looked into as well. Where any of these holds a plain object (a config object, a
+dataclass, a namespace), a dict or a list, the values inside it are watched too
+(`self.cfg.use_path_b`, `CONFIG["scale"]`), a few levels deep. An object that cannot be
+looked into (no `__dict__`, no slots) warns once, naming it.
 
 A value whose change left the captured program exactly as it was (a counter kept on a
 module, never read by the step) is not watched by the program that replaces it, so it costs
 one capture, not one per call.
 """
+import argparse
+import dataclasses
 import enum
 import functools
+import sys
 import types
+import warnings
 
 import numpy as np
 import torch
@@ -35,6 +42,14 @@ _NOT_WATCHED = frozenset({"training", "_is_full_backward_hook"})
 _MISSING = object()
 # Libraries whose functions are not looked into: their globals are their own settings.
 _LIBRARIES = frozenset({"torch", "jax", "jaxlib", "numpy", "cstorch", "bridge", "wafer"})
+# A module's own tables (parameters, buffers, submodules, hooks) are not values it computes
+# with; they are state or hooks, watched elsewhere.
+_MODULE_TABLES = frozenset(vars(torch.nn.Module()))
+# How far into objects, dicts and lists a value is looked for, and how many values one
+# container may add: a tokenizer's vocabulary is not a setting.
+_DEPTH, _MAX_ITEMS = 4, 256
+# The standard library's objects that hold settings.
+_NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 
 
 # Watched by identity: a tensor (its writes are `Program.constants`' concern) and a function
@@ -73,11 +88,92 @@ def same(a, b) -> bool:
 # at the key, or a closure cell, whose key is None.
 
 def module_attributes(named_modules) -> tuple:
-    """The plain attributes of `named_modules` ((qualified name, module) pairs)."""
-    return tuple((module.__dict__, f"{name}.{attr}", attr, value)
-                 for name, module in named_modules
-                 for attr, value in module.__dict__.items()
-                 if attr not in _NOT_WATCHED and _plain(value))
+    """The plain attributes of `named_modules` ((qualified name, module) pairs), and the
+    plain values inside the objects, dicts and lists they hold."""
+    found, seen = [], set()
+    for name, module in named_modules:
+        for attr, value in module.__dict__.items():
+            if attr in _NOT_WATCHED or attr in _MODULE_TABLES:
+                continue
+            if _plain(value):
+                found.append((module.__dict__, f"{name}.{attr}", attr, value))
+            else:
+                _inside(value, f"{name}.{attr}", found, seen)
+    return tuple(found)
+
+
+class _Items:
+    """A list read like a dict by index, as the watch reads every place it looks at."""
+    __slots__ = ("items",)
+
+    def __init__(self, items):
+        self.items = items
+
+    def get(self, i, default):
+        return self.items[i] if i < len(self.items) else default
+
+
+class _Slots:
+    """An object with `__slots__` read like a dict by attribute name."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def get(self, name, default):
+        return getattr(self.obj, name, default)
+
+
+_warned_opaque: set = set()
+
+
+def _inside(value, label, found, seen, depth=0):
+    """Append to `found` the watched values inside `value` (an object, dict or list that a
+    watched place holds), as (where, name, key, value) entries."""
+    kind = type(value)
+    if (depth >= _DEPTH or id(value) in seen or isinstance(value, (torch.nn.Module, type))
+            or isinstance(value, types.ModuleType) or callable(value) and kind not in (dict, list)):
+        return
+    if kind in (dict, list):
+        where, items = (value, value.items()) if kind is dict else (_Items(value), enumerate(value))
+        if len(value) > _MAX_ITEMS:
+            return
+        seen.add(id(value))
+        for key, v in items:
+            sub = f"{label}[{key!r}]"
+            if _plain(v):
+                found.append((where, sub, key, v))
+            else:
+                _inside(v, sub, found, seen, depth + 1)
+        return
+    top = kind.__module__.split(".")[0]
+    if top in _LIBRARIES or top in sys.stdlib_module_names and kind not in _NAMESPACES:
+        return   # a library's object (a backend, a logger, an optimizer), not a setting
+    attrs = getattr(value, "__dict__", None)
+    slots = [n for c in kind.__mro__ for n in getattr(c, "__slots__", ())
+             if isinstance(n, str) and n not in ("__dict__", "__weakref__")]
+    if attrs is None and not slots:
+        if kind not in _warned_opaque:
+            _warned_opaque.add(kind)
+            warnings.warn(f"cstorch: {label} holds a {kind.__qualname__}, whose contents "
+                          f"cannot be watched: a change to it between steps is not seen by "
+                          f"the compiled step. Pass such a value to the step as an argument, "
+                          f"or hold it in a plain object or dict.", stacklevel=2)
+        return
+    seen.add(id(value))
+    entries = []
+    if attrs is not None:
+        entries += [(attrs, k, v) for k, v in attrs.items()]
+    if slots:
+        view = _Slots(value)
+        entries += [(view, k, getattr(value, k)) for k in slots if hasattr(value, k)]
+    if dataclasses.is_dataclass(value) or len(entries) <= _MAX_ITEMS:
+        for where, key, v in entries:
+            sub = f"{label}.{key}"
+            if _plain(v):
+                found.append((where, sub, key, v))
+            else:
+                _inside(v, sub, found, seen, depth + 1)
 
 
 def function_values(fns, methods=None, modules=()) -> tuple:
@@ -88,7 +184,7 @@ def function_values(fns, methods=None, modules=()) -> tuple:
     `module_attributes`) has its attributes and its submodules' watched, and the methods
     of their classes looked into."""
     methods = methods or {}
-    found, seen = {}, set()
+    found, seen, inner = {}, set(), set()
     functions = [getattr(fn, "__func__", fn) for fn in fns]   # a bound method: its function
     known = {id(m) for m in modules}
 
@@ -119,18 +215,31 @@ def function_values(fns, methods=None, modules=()) -> tuple:
                 functions.append(value)   # looked into, and watched (below) by identity
             elif isinstance(value, torch.nn.Module):
                 reach(value, name)
+            label = f"global {name} of {g.get('__name__', '?')}"
             if value is not _MISSING and _plain(value):
-                found[id(g), name] = (g, f"global {name} of {g.get('__name__', '?')}", name, value)
+                found[id(g), name] = (g, label, name, value)
+            elif value is not _MISSING:
+                for watched in _in(value, label, inner):
+                    found[id(watched[0]), watched[2]] = watched
         for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
             value = _contents(cell)
             if isinstance(value, types.FunctionType):   # a decorator's wrapped function
                 functions.append(value)
             elif isinstance(value, torch.nn.Module):
                 reach(value, name)
+            label = f"closure variable {name} of {f.__qualname__}"
             if value is not _MISSING and _plain(value):
-                found[id(cell), None] = (cell, f"closure variable {name} of {f.__qualname__}",
-                                         None, value)
+                found[id(cell), None] = (cell, label, None, value)
+            elif value is not _MISSING:
+                for watched in _in(value, label, inner):
+                    found[id(watched[0]), watched[2]] = watched
     return tuple(found.values())   # a global that two functions name, once
+
+
+def _in(value, label, seen) -> list:
+    found: list = []
+    _inside(value, label, found, seen)
+    return found
 
 
 def _library(fn) -> bool:

@@ -3,14 +3,18 @@ closure variable of the step), changed after the capture, reaches the program: t
 captured again for the new value, as eager PyTorch would compute with it
 (`cstorch.tracing.python_values`)."""
 import copy
+import dataclasses
 import enum
 import functools
 import math
+import types
+import warnings
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
 from cstorch.tracing import python_values
@@ -156,9 +160,15 @@ def test_plain_values_are_compared_by_type_and_nan_equals_nan():
     assert python_values.same((t, 1), (t, 1)) and not python_values.same(t, t.clone())
     assert python_values.describe((t,)) == "(a tensor of shape (2,),)"
     module = nn.Linear(2, 2)
-    module.flag, module.table = True, [1, 2]   # a list is not a plain value: not watched
+    module.flag, module.table = True, [1, 2]   # a list is watched item by item
     watched = python_values.module_attributes([("m", module)])
-    assert {w[1] for w in watched} == {"m.in_features", "m.out_features", "m.flag"}
+    assert {w[1] for w in watched} == {"m.in_features", "m.out_features", "m.flag",
+                                       "m.table[0]", "m.table[1]"}
+    module.table.append(3)   # a longer list: the items seen are still there, unchanged
+    assert python_values.first_change(watched) is None
+    module.table.pop(0)
+    assert python_values.first_change(watched) == ("m.table[0]", 1, 2)
+    module.table[:] = [1, 2]
     module.flag = False
     assert python_values.first_change(watched) == ("m.flag", True, False)
     del module.flag
@@ -411,3 +421,100 @@ def test_an_uncompiled_loss_module_of_the_step_reaches_the_program(edit):
                if edit == "global-its-method-reads" else
                "loss_fn.huber.delta changed from 1.0 to 0.1")
     assert step.recaptures == [[changed]]
+
+
+class PathConfig:
+    """A plain config object, as models keep their settings."""
+
+    def __init__(self):
+        self.use_path_b = False
+        self.extra = {"scale": 1.0, "bias_terms": [0.0, 0.5]}
+
+
+@dataclasses.dataclass
+class Settings:
+    gain: float = 1.0
+
+
+@dataclasses.dataclass(slots=True)
+class SlotSettings:
+    shift: float = 0.0
+
+
+class TwoPaths(nn.Module):
+    """Chooses its path and scales by values held in a config object, a dataclass and a
+    dict, never by its own plain attributes."""
+
+    def __init__(self, cfg, settings):
+        super().__init__()
+        self.cfg, self.settings, self.slots = cfg, settings, SlotSettings()
+        self.a, self.b = nn.Linear(5, 3), nn.Linear(5, 3)
+
+    def forward(self, x):
+        out = self.b(x) if self.cfg.use_path_b else self.a(x)
+        out = out * self.cfg.extra["scale"] + self.cfg.extra["bias_terms"][1]
+        return out * self.settings.gain + self.slots.shift
+
+
+STEP_CONFIG = types.SimpleNamespace(weight=1.0)
+
+
+EDITS = {
+    "config-object-attribute": lambda m: setattr(m.cfg, "use_path_b", True),
+    "dict-in-a-config-object": lambda m: m.cfg.extra.__setitem__("scale", 3.0),
+    "list-in-a-dict": lambda m: m.cfg.extra["bias_terms"].__setitem__(1, -2.0),
+    "dataclass-field": lambda m: setattr(m.settings, "gain", 0.5),
+    "slots-dataclass-field": lambda m: setattr(m.slots, "shift", 4.0),
+    "namespace-global-of-the-step": lambda m: setattr(STEP_CONFIG, "weight", 2.5),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_a_value_inside_an_object_the_model_holds_reaches_the_program(edit):
+    """Toggled between steps, a flag in `self.cfg` reused the old program (loss 14% off)."""
+    torch.manual_seed(11)
+    eager = TwoPaths(PathConfig(), Settings())
+    ours = copy.deepcopy(eager)
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(ours)
+
+    @cstorch.trace
+    def step(x, y):
+        return F.mse_loss(compiled(x), y) * STEP_CONFIG.weight
+
+    try:
+        for i in range(4):
+            if i == 2:
+                EDITS[edit](eager)
+                if edit != "namespace-global-of-the-step":
+                    EDITS[edit](ours)
+            x, y = _batch(i)
+            with torch.no_grad():
+                want = F.mse_loss(eager(x), y) * STEP_CONFIG.weight
+                assert rel_err(float(step(x, y)), float(want)) < 1e-5
+    finally:
+        STEP_CONFIG.weight = 1.0
+    assert step.captures == 2
+    assert "changed from" in step.recaptures[0][0]
+
+
+class Opaque:
+    __slots__ = ()
+
+
+def test_an_object_that_cannot_be_looked_into_warns_once_naming_it():
+    model = nn.Linear(5, 3)
+    model.helper = Opaque()   # no __dict__ and no slots to watch
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+
+    @cstorch.trace
+    def step(x):
+        return compiled(x).sum()
+
+    with pytest.warns(UserWarning, match=r"model\.helper holds a Opaque.*cannot be watched"):
+        step(torch.ones(2, 5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step(torch.ones(2, 5))
+        step(torch.ones(3, 5))   # captured again: no second warning
