@@ -36,6 +36,7 @@ from cstorch.distributed.batch_norm import PerProcessBatchNorm
 from cstorch.metrics.metric import Metric
 from cstorch.optim.optimizer import Optimizer
 from cstorch.tracing import hooks, micro_batch, python_values
+from cstorch.tracing.cumulative_batch_norm import cumulative_batch_norm
 from cstorch.tracing.arguments import Call, Results
 
 log = logging.getLogger("cstorch")
@@ -470,6 +471,8 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                 stack.enter_context(micro.mark(leaves.values()))
             if backend.distributed and not backend.sync_batchnorm:
                 stack.enter_context(PerProcessBatchNorm(backend.process_count))
+            else:   # per-process statistics would need process 0's shard here too
+                stack.enter_context(cumulative_batch_norm())
             token = capturing.set(ctx)
             stack.callback(capturing.reset, token)
             result = step_fn(*args, **kwargs)

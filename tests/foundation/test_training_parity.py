@@ -94,3 +94,45 @@ def test_cnn_with_batchnorm_train_then_eval_matches_eager():
     for name in theirs:  # running_mean, running_var and num_batches_tracked included
         assert rel_err(ours[name], theirs[name]) < TOL, name
     assert int(ours["features.1.num_batches_tracked"]) == 10
+
+
+def test_batchnorm_with_a_cumulative_average_trains_as_eager():
+    """`momentum=None` averages the running statistics over every batch so far, with the
+    factor 1 / num_batches_tracked that eager PyTorch computes on the host."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4, momentum=None), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(64, 6), torch.nn.BatchNorm1d(6, momentum=None))
+    reference = copy.deepcopy(model)
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x, y):
+        loss = F.mse_loss(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(5):
+        x, y = torch.randn(8, 3, 6, 6, generator=gen), torch.randn(8, 6, generator=gen)
+        loss = step(x, y)
+        ref_loss = F.mse_loss(reference(x), y)
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        ref_opt.step()
+        assert rel_err(loss, ref_loss) < TOL
+    assert step.captures == 1
+    for (name, ours), theirs in zip(model.state_dict().items(), reference.state_dict().values()):
+        if name.endswith("num_batches_tracked"):
+            assert int(ours) == int(theirs) == 5
+        else:
+            assert rel_err(ours, theirs) < TOL, name
+    model.eval(), reference.eval()
+    x = torch.randn(4, 3, 6, 6, generator=gen)
+    with torch.no_grad():
+        assert rel_err(compiled(x), reference(x)) < TOL
