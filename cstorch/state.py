@@ -354,6 +354,8 @@ def _carry_gradient_hooks(tensor, device):
     handles taken then still remove them: the device tensor holds the very same hook
     tables."""
     for table in ("_backward_hooks", "_post_accumulate_grad_hooks"):
-        hooks = getattr(tensor, table, None)
+        # Read past the subclass: a lazily created tensor would materialise on attribute reads.
+        with torch._C.DisableTorchFunctionSubclass():
+            hooks = getattr(tensor, table, None)
         if hooks:
             setattr(device, table, hooks)
