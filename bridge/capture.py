@@ -9,6 +9,7 @@ pure function (inputs) -> (outputs) that `bridge.lower` turns into JAX.
 """
 import contextlib
 import contextvars
+import logging
 import os
 import sys
 import sysconfig
@@ -32,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from bridge.errors import (GRADIENT_OF, CaptureError, DataDependentShapeError,
                            TensorValueReadError)
+from bridge import eager_errors
 from bridge.ops.recurrent import route as route_recurrent
 
 _Tensor = torch.Tensor
@@ -109,6 +111,8 @@ class _CaptureMode(TorchFunctionMode):
         try:
             if func in _BACKWARD_CALLS:
                 return _backward(func, args, kwargs, self.hint)
+            if eager_errors.suspect(func, args, kwargs):
+                _raise_as_eager(eager_errors.eager_error(func, args, kwargs))
             recurrent = route_recurrent(func, args, kwargs)
             if recurrent is not None:
                 return recurrent()
@@ -117,11 +121,25 @@ class _CaptureMode(TorchFunctionMode):
             raise DataDependentShapeError(_data_dependent(func, e)) from None
         except DataDependentOutputException:
             raise TensorValueReadError(_value_read(_name_of(func), self.hint)) from None
+        except CaptureError:
+            raise
+        except Exception as e:
+            # Where eager PyTorch refuses the call too, its own words say what is wrong.
+            if not getattr(e, "raised_as_eager", False):
+                _raise_as_eager(eager_errors.eager_error(func, args, kwargs))
+            raise
         finally:
             if own_trace:
                 meta["stack_trace"] = outer_trace
                 if outer_trace is None:
                     del meta["stack_trace"]
+
+
+def _raise_as_eager(error):
+    if error is not None:
+        raised = eager_errors.as_raised_by_eager(error, with_user_line(str(error)))
+        raised.raised_as_eager = True   # not to be looked into again by an outer call
+        raise raised from None
 
 
 def _functional_value_read() -> str | None:
@@ -537,7 +555,8 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
         # `_gradients_marked` ties the backward ops to. Library code that skips its
         # value-dependent checks under torch.compile (transformers' masks) skips them here.
         with fake_mode, _CaptureMode(value_read_hint, tensor_hook), \
-                fx_traceback.preserve_node_meta(), torch.enable_grad(), _compiling():
+                fx_traceback.preserve_node_meta(), torch.enable_grad(), _compiling(), \
+                _fake_tensor_log_quiet():
             fx_traceback.get_current_meta()["stack_trace"] = _NO_USER_FRAME
             # A lazy graph module generates its Python code only when the code is read or
             # called (the graph's artifact, a recapture's comparison); lowering reads the
@@ -567,6 +586,21 @@ def _unwrap(t):
         return t
     torch._sync(t)
     return torch._from_functional_tensor(t.elem)
+
+
+# Fake tensors log every failing meta kernel with its traceback; the capture raises the
+# error itself, named after the user's line.
+_FAKE_TENSOR_LOG = logging.getLogger("torch._subclasses.fake_tensor")
+
+
+@contextlib.contextmanager
+def _fake_tensor_log_quiet():
+    before = _FAKE_TENSOR_LOG.disabled
+    _FAKE_TENSOR_LOG.disabled = True
+    try:
+        yield
+    finally:
+        _FAKE_TENSOR_LOG.disabled = before
 
 
 @contextlib.contextmanager

@@ -321,3 +321,54 @@ def test_transformer_layer_with_a_bool_padding_mask_trains_as_eager(backend):
     for (name, p), q in zip(layer.named_parameters(), eager.parameters()):
         torch.testing.assert_close(torch.as_tensor(p.detach()), q.detach(), rtol=1e-5, atol=1e-6,
                                    msg=name)
+
+
+# --- calls eager PyTorch refuses: its exception and words, the user's line, a quiet stderr --
+
+BAD_BATCHES = {
+    "float64-features": lambda x, y: (x.double(), y),
+    "float16-features": lambda x, y: (x.half(), y),
+    "int32-class-targets": lambda x, y: (x, y.int()),
+    "features-of-the-wrong-width": lambda x, y: (torch.randn(4, 6), y),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_BATCHES))
+def test_a_batch_eager_refuses_fails_at_capture_as_eager_fails(backend, bad, capfd):
+    """These trained silently (promoted features, int32 targets read as classes) or failed
+    with a meta kernel's words after a logged traceback on stderr."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+    eager = copy.deepcopy(model)
+    compiled = cstorch.compile(model)
+
+    def train_step(x, y):
+        return F.cross_entropy(compiled(x), y)
+
+    x, y = BAD_BATCHES[bad](torch.randn(4, 5), torch.tensor([0, 2, 1, 2]))
+    with pytest.raises(Exception) as expected:
+        F.cross_entropy(eager(x), y)
+    capfd.readouterr()
+    with pytest.raises(Exception) as info:
+        cstorch.trace(train_step)(x, y)
+    assert type(info.value) is type(expected.value)
+    assert str(info.value).split("\nIn the step, at:")[0] == str(expected.value)
+    assert_names_line(info.value, train_step, "return F.cross_entropy(compiled(x), y)")
+    assert capfd.readouterr().err == ""
+
+
+def test_mixed_dtypes_under_autocast_are_left_to_autocast(backend):
+    torch.manual_seed(1)
+    model = nn.Linear(5, 3)
+    eager = copy.deepcopy(model)
+    compiled = cstorch.compile(model)
+    x = torch.randn(4, 5, dtype=torch.bfloat16)   # autocast casts the float32 weight to it
+
+    @cstorch.trace
+    def autocast_step(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return compiled(x).float()
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = eager(x).float()
+    assert torch.allclose(autocast_step(x), want, rtol=1e-2, atol=1e-2)
