@@ -467,3 +467,16 @@ def test_reachable_as_cerebras_pytorch_utils_tensorboard():
         utils.tensorboard = module
     with pytest.raises(AttributeError):
         utils.no_such_submodule  # pylint: disable=pointless-statement
+
+
+def test_a_process_other_than_the_main_one_writes_nothing(tmp_path, monkeypatch):
+    import cstorch.utils.tensorboard as module
+    monkeypatch.setattr(module, "_main_process", lambda: False)
+    with SummaryWriter(tmp_path / "events") as writer:
+        writer.add_scalar("a", 1.0, 1)
+        writer.add_tensor("t", torch.ones(2), 1)
+        writer.add_text("n", "x", 1)
+        assert os.path.basename(writer.cs_events_dir).startswith("events.out.csevents")
+        with pytest.raises(ValueError, match="name"):
+            writer.add_tensor("../t", torch.ones(2), 1)
+    assert not (tmp_path / "events").exists() or not any(os.scandir(tmp_path / "events"))
