@@ -30,6 +30,8 @@ from tensorboard.plugins.scalar import metadata as _scalar_metadata
 from tensorboard.util import tensor_util
 from torch.utils.tensorboard import SummaryWriter as _TorchSummaryWriter
 
+from cstorch.backend import current_backend_impl
+
 __all__ = ["SummaryWriter", "SummaryReader"]
 
 _CS_EVENTS_VERSION = 1.1
@@ -78,7 +80,6 @@ def _as_tensor(tensor) -> torch.Tensor:
 
 
 def _main_process() -> bool:
-    from cstorch.backend import current_backend_impl
     backend = current_backend_impl(raise_exception=False)
     return backend is None or backend.is_main_process
 
