@@ -3,7 +3,9 @@
 Called inside a traced step, a summary is a step closure: after each step that fetches
 outputs (see `DataExecutor(activation_steps=...)`) its value is written to the
 `SummaryWriter` given to the running `DataExecutor`, at step ``writer.base_step +
-executor.user_iteration``. Called outside a step, it is written at once.
+executor.iteration`` (the zero-based step index), so with the writer's default
+``base_step=1`` the first step's values are at step 1. Called outside a step, it is written
+at once, at the same step.
 """
 import warnings
 
@@ -26,7 +28,8 @@ def _writer_and_step(kind, name):
                 f"writer=cstorch.utils.tensorboard.SummaryWriter(log_dir) to the DataExecutor "
                 f"that runs the step", stacklevel=4)
         return None, None
-    return writer, getattr(writer, "base_step", 0) + executor.user_iteration
+    # base_step is the step of the first step (1 by default), iteration counts from 0.
+    return writer, getattr(writer, "base_step", 1) + executor.iteration
 
 
 @step_closure
@@ -45,7 +48,7 @@ def _write_tensor(name, value):
         raise TypeError(f"summarize_tensor needs a writer with add_tensor, such as "
                         f"cstorch.utils.tensorboard.SummaryWriter; the executor's writer is a "
                         f"{type(writer).__name__}")
-    writer.add_tensor(name, value.detach(), global_step=step)
+    writer.add_tensor(name, value.detach(), step)
 
 
 def _check_name(fn, name):

@@ -1,56 +1,45 @@
 """`cerebras.pytorch.utils.tensorboard`: write and read TensorBoard summaries.
 
-:class:`SummaryWriter` is torch's writer plus :meth:`SummaryWriter.add_tensor`, which
-records a whole tensor (not just a scalar) in the ordinary event file.
+:class:`SummaryWriter` is torch's writer plus :meth:`SummaryWriter.add_tensor`;
 :class:`SummaryReader` reads scalars, tensors and text back from one or more log
-directories through TensorBoard's own event-processing code.
+directories. The files are the real package's:
 
-Tensors written by ``add_tensor`` are TensorBoard tensor summaries whose
-``SummaryMetadata.plugin_data.plugin_name`` is :data:`TENSOR_PLUGIN_NAME`
-(``"cstorch_tensor"``), so any reader can tell them apart from scalars
-(plugin ``"scalars"``) and text (plugin ``"text"``).
+- scalars and text go to torch's ``events.out.tfevents.<suffix>`` file (legacy
+  ``simple_value`` scalars; text under the tag ``<name>/text_summary``, plugin ``text``);
+- each ``add_tensor`` call is one ``torch.save``'d dict ``{"step", "ns_since_epoch",
+  "tensor"}`` at ``events.out.csevents.<suffix>/tensors/<name>/<step>.<time>.pt``, beside a
+  ``__metadata__`` file holding ``{"__version__": 1.1}``. Nothing about tensors is in the
+  event file.
 """
 import dataclasses
+import datetime
 import fnmatch
 import glob
 import json
 import numbers
 import os
-from typing import Dict, List, Optional, Sequence, Union
+import time
+from typing import Dict, List, Optional, Set, Union
 
 import numpy as np
 import torch
 from tensorboard.backend.event_processing import event_accumulator, io_wrapper
-from tensorboard.backend.event_processing.event_accumulator import ScalarEvent
+from tensorboard.backend.event_processing.event_accumulator import ScalarEvent, TensorEvent
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
-from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.scalar import metadata as _scalar_metadata
-from tensorboard.plugins.text import metadata as _text_metadata
 from tensorboard.util import tensor_util
 from torch.utils.tensorboard import SummaryWriter as _TorchSummaryWriter
 
-__all__ = [
-    "SummaryWriter",
-    "SummaryReader",
-    "ScalarEvent",
-    "TensorSummary",
-    "TextSummary",
-    "TENSOR_PLUGIN_NAME",
-]
+from cstorch.backend import current_backend_impl
 
-#: Plugin name stamped on every tensor summary written by :meth:`SummaryWriter.add_tensor`.
-TENSOR_PLUGIN_NAME = "cstorch_tensor"
-# Bumped if the on-disk layout of these tensor summaries ever changes, so that readers
-# can tell old files from new ones.
-_TENSOR_PLUGIN_VERSION = 1
+__all__ = ["SummaryWriter", "SummaryReader"]
 
-_SCALARS_PLUGIN = _scalar_metadata.PLUGIN_NAME
-_TEXT_PLUGIN = _text_metadata.PLUGIN_NAME
-# torch's add_text stores the text under this suffix; readers see the tag the user gave.
+_CS_EVENTS_VERSION = 1.1
+_METADATA_FILE = "__metadata__"
+_TENSORS_DIR = "tensors"
+# torch's add_text stores the text under this suffix.
 _TEXT_TAG_SUFFIX = "/text_summary"
-
-# Floating dtypes that numpy (and so TensorProto) represents natively.
-_NUMPY_FLOAT_DTYPES = (torch.float16, torch.float32, torch.float64)
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%f"
 
 
 def _validate_base_step(base_step) -> int:
@@ -64,45 +53,33 @@ def _validate_base_step(base_step) -> int:
     return int(base_step)
 
 
-def _tensor_to_numpy(tensor) -> np.ndarray:
-    if isinstance(tensor, torch.Tensor):
-        tensor = tensor.detach()
-        if tensor.is_floating_point() and tensor.dtype not in _NUMPY_FLOAT_DTYPES:
-            # bfloat16 and the float8 types have no numpy/TensorProto dtype that
-            # tensorboard's make_tensor_proto/make_ndarray understand; float32 holds
-            # each of their values exactly, so widening loses nothing.
-            tensor = tensor.float()
-        if tensor.layout != torch.strided:
-            tensor = tensor.to_dense()
-        return tensor.cpu().resolve_conj().resolve_neg().numpy()
-
-    array = np.asarray(tensor)
-    if array.dtype.kind in "biufc":
-        return array
-    if array.dtype.kind == "V" and array.dtype.names is None:
-        # ml_dtypes types (bfloat16 and friends, e.g. from a JAX array) are opaque to
-        # TensorProto; they all widen exactly to float32, for the same reason as above.
-        try:
-            return array.astype(np.float32)
-        except (TypeError, ValueError):
-            pass
-    raise TypeError(
-        f"add_tensor expects a numeric or boolean tensor, got dtype {array.dtype}; "
-        f"use add_text for strings"
-    )
-
-
-def _tensor_summary_metadata() -> summary_pb2.SummaryMetadata:
-    content = json.dumps({"version": _TENSOR_PLUGIN_VERSION}).encode("utf-8")
-    return summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(
-            plugin_name=TENSOR_PLUGIN_NAME, content=content
+def _tensor_parts(name) -> List[str]:
+    """The folders of ``name`` under ``tensors/``; refuses names that would leave it."""
+    if not isinstance(name, str):
+        raise TypeError(f"add_tensor takes a str name, got {type(name).__name__}")
+    parts = name.split("/")
+    if not name or any(p in ("", ".", "..") or os.sep in p for p in parts):
+        raise ValueError(
+            f"add_tensor name {name!r} cannot be a path under tensors/: it needs non-empty "
+            f"'/'-separated parts other than '.' and '..'"
         )
-    )
+    return parts
+
+
+def _as_tensor(tensor) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        try:
+            tensor = torch.as_tensor(np.asarray(tensor))
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(
+                f"add_tensor takes a tensor, got {type(tensor).__name__}; use add_text for "
+                f"strings"
+            ) from e
+    # clone: torch.save writes a view's whole storage, not just the view.
+    return tensor.detach().cpu().clone()
 
 
 def _main_process() -> bool:
-    from cstorch.backend import current_backend_impl
     backend = current_backend_impl(raise_exception=False)
     return backend is None or backend.is_main_process
 
@@ -121,25 +98,22 @@ class _NoEvents:
 
 
 class SummaryWriter(_TorchSummaryWriter):
-    """``torch.utils.tensorboard.SummaryWriter`` that can also record whole tensors.
-
-    Everything torch's writer offers (``add_scalar``, ``add_text``, ``add_histogram``,
-    ...) works unchanged; :meth:`add_tensor` is added.
+    """Thin wrapper around ``torch.utils.tensorboard.SummaryWriter`` that can also save
+    whole tensors (:meth:`add_tensor`).
 
     Passing a writer to :class:`cerebras.pytorch.utils.data.DataExecutor` makes the
     values given to :func:`cerebras.pytorch.summarize_scalar` and
-    :func:`cerebras.pytorch.summarize_tensor` appear in TensorBoard. The executor
-    records a value summarized at executor step ``s`` at step ``writer.base_step + s``:
-    it does the addition itself and calls :meth:`add_scalar` / :meth:`add_tensor` with
-    the resulting ``global_step``. The ``add_*`` methods never add ``base_step``.
+    :func:`cerebras.pytorch.summarize_tensor` appear in it: a value summarized in the
+    executor's step with zero-based index ``i`` (``executor.iteration``) is written at step
+    ``writer.base_step + i``, so with the default ``base_step=1`` the first step is step 1.
+    The ``add_*`` methods never add ``base_step`` themselves.
 
     Args:
         *args: Forwarded to ``torch.utils.tensorboard.SummaryWriter`` (``log_dir``,
             ``comment``, ``purge_step``, ``max_queue``, ``flush_secs``,
             ``filename_suffix``).
-        base_step: Offset added by the executor to its step numbers when it writes
-            ``summarize_{scalar,tensor}`` values, e.g. the global step a run resumed
-            from. Must be an int >= 0.
+        base_step: The step of the first step in ``summarize_{scalar,tensor}``, e.g. the
+            global step a run resumed from plus one. Must be an int >= 0.
         **kwargs: Forwarded to ``torch.utils.tensorboard.SummaryWriter``.
 
     Raises:
@@ -147,11 +121,13 @@ class SummaryWriter(_TorchSummaryWriter):
         ValueError: ``base_step`` is negative.
     """
 
-    def __init__(self, *args, base_step: int = 0, **kwargs):
+    def __init__(self, *args, base_step: int = 1, **kwargs):
         # Validated before torch's constructor runs so a bad value leaves no event
         # file or directory behind.
         self.base_step = base_step
         self._writes = _main_process()
+        self._cs_events_dir = None
+        self._last_ns = 0
         super().__init__(*args, **kwargs)
 
     def _get_file_writer(self):
@@ -166,7 +142,7 @@ class SummaryWriter(_TorchSummaryWriter):
 
     @property
     def base_step(self) -> int:
-        """The step offset the executor adds for ``summarize_{scalar,tensor}`` values."""
+        """The step that ``summarize_{scalar,tensor}`` values of the first step get."""
         return self._base_step
 
     @base_step.setter
@@ -175,136 +151,113 @@ class SummaryWriter(_TorchSummaryWriter):
 
     @property
     def cs_events_dir(self) -> str:
-        """Directory set aside next to the event file for Cerebras-specific artifacts.
+        """The directory of this writer's tensors: ``events.out.csevents.<suffix>`` beside
+        the event file ``events.out.tfevents.<suffix>``, created with its ``__metadata__``
+        file on first use. (A process that writes no events gets the name only.)"""
+        if self._cs_events_dir is None:
+            if not self._writes:
+                return os.path.join(str(self.log_dir), "events.out.csevents")
+            event_file = os.path.basename(self._get_file_writer().event_writer._file_name)
+            path = os.path.join(
+                str(self.log_dir), event_file.replace("tfevents", "csevents", 1)
+            )
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, _METADATA_FILE), "w") as f:
+                json.dump({"__version__": _CS_EVENTS_VERSION}, f)
+            self._cs_events_dir = path
+        return self._cs_events_dir
 
-        This implementation keeps tensor summaries in the regular event file, so
-        nothing is written here; the directory exists (created on first access) for
-        callers that link to it, such as the Model Zoo TensorBoard logger.
-        """
-        path = os.path.join(self.get_logdir(), "cs_events")
-        os.makedirs(path, exist_ok=True)
-        return path
+    def add_tensor(self, name: str, tensor: torch.Tensor, step: int):
+        """Save ``tensor`` (its dtype, shape and every element) as summary ``name`` at
+        ``step``, for :meth:`SummaryReader.read_tensor`.
 
-    def add_tensor(self, tag: str, tensor, global_step=None, walltime=None):
-        """Record the full contents of ``tensor`` under ``tag``.
-
-        The tensor is stored as a TensorBoard tensor summary (a ``TensorProto`` with
-        its shape and every element) whose plugin name is :data:`TENSOR_PLUGIN_NAME`.
-        :meth:`SummaryReader.read_tensor` returns it as a torch tensor.
+        Each call writes ``{"step": step, "ns_since_epoch": <time>, "tensor": tensor}``
+        with ``torch.save`` to ``<cs_events_dir>/tensors/<name>/<step>.<time>.pt``;
+        several calls at one step are all kept.
 
         Args:
-            tag: Name of the summary.
-            tensor: A ``torch.Tensor`` or anything ``numpy.asarray`` accepts, of any
-                shape, with a boolean, integer, floating or complex dtype. bfloat16
-                and float8 values are stored (and read back) as float32, which
-                represents each of them exactly.
-            global_step: Step to record the value at.
-            walltime: Seconds since the epoch to record instead of the current time.
+            name: Name of the summary; ``"/"`` separates folders.
+            tensor: A ``torch.Tensor`` (anything ``torch.as_tensor`` takes is converted).
+            step: The step, an int.
 
         Raises:
-            TypeError: ``tensor`` has a non-numeric dtype (e.g. strings).
+            TypeError: ``step`` is not an int, or ``tensor`` is not numeric.
+            ValueError: ``name`` is empty or is not a relative path of named parts.
         """
-        value = summary_pb2.Summary.Value(
-            tag=tag,
-            tensor=tensor_util.make_tensor_proto(_tensor_to_numpy(tensor)),
-            metadata=_tensor_summary_metadata(),
-        )
-        self._get_file_writer().add_summary(
-            summary_pb2.Summary(value=[value]), global_step, walltime
-        )
+        parts = _tensor_parts(name)
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+            raise TypeError(f"add_tensor takes an int step, got {type(step).__name__} {step!r}")
+        step = int(step)
+        tensor = _as_tensor(tensor)
+        if not self._writes:
+            return
+        # Distinct, increasing times: the file name holds microseconds, and the reader's
+        # latest value at a step is the one with the largest time.
+        ns = max(time.time_ns(), self._last_ns + 1000)
+        self._last_ns = ns
+        stamp = (datetime.datetime.fromtimestamp(ns // 10**9)
+                 + datetime.timedelta(microseconds=ns % 10**9 // 1000)).strftime(_TIME_FORMAT)
+        folder = os.path.join(self.cs_events_dir, _TENSORS_DIR, *parts)
+        os.makedirs(folder, exist_ok=True)
+        torch.save({"step": step, "ns_since_epoch": ns, "tensor": tensor},
+                   os.path.join(folder, f"{step}.{stamp}.pt"))
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorSummary:
+@dataclasses.dataclass
+class TensorDescriptor:
     """One value of a tensor summary, as returned by :meth:`SummaryReader.read_tensor`.
 
     Attributes:
-        wall_time: Seconds since the epoch at which the value was written.
         step: Step the value was written at.
-        tensor: The value, with the shape and elements that were written.
+        ns_since_epoch: Nanoseconds since the epoch at which it was written.
+        tensor: The value, with the dtype, shape and elements that were written.
     """
 
-    wall_time: float
     step: int
+    ns_since_epoch: int
     tensor: torch.Tensor
 
 
-@dataclasses.dataclass(frozen=True)
-class TextSummary:
-    """One value of a text summary, as returned by :meth:`SummaryReader.read_text_summary`.
-
-    Attributes:
-        wall_time: Seconds since the epoch at which the value was written.
-        step: Step the value was written at.
-        text: The text; a (nested) list of strings if a multi-element string tensor
-            was written.
-    """
-
-    wall_time: float
-    step: int
-    text: Union[str, list]
+def _event_files_under(log_dir) -> bool:
+    for _, dirs, files in os.walk(log_dir):
+        if any(io_wrapper.IsSummaryEventsFile(f) for f in files):
+            return True
+        if any(d.startswith("events.out.csevents") for d in dirs):
+            return True
+    return False
 
 
-def _plugin_name(accumulator, tag) -> str:
+def _is_scalar_tensor(accumulator, tag) -> bool:
     try:
-        return accumulator.SummaryMetadata(tag).plugin_data.plugin_name
+        metadata = accumulator.SummaryMetadata(tag)
     except KeyError:
-        return ""
-
-
-def _proto_to_torch(proto) -> torch.Tensor:
-    # make_ndarray may hand back a read-only view of the protobuf's bytes, which torch
-    # refuses to wrap without a warning; copying makes it an ordinary owned tensor.
-    return torch.from_numpy(np.array(tensor_util.make_ndarray(proto), copy=True))
-
-
-def _proto_to_text(proto) -> Union[str, list]:
-    array = tensor_util.make_ndarray(proto)
-    decode = np.vectorize(
-        lambda s: s.decode("utf-8") if isinstance(s, bytes) else str(s), otypes=[object]
-    )
-    texts = decode(array) if array.size else array.astype(object)
-    return texts.reshape(-1)[0] if texts.size == 1 else texts.tolist()
+        return False
+    return metadata.plugin_data.plugin_name == _scalar_metadata.PLUGIN_NAME
 
 
 class SummaryReader:
-    """Reads the summaries written by :class:`SummaryWriter` (or any TensorBoard writer).
+    """Reads the summaries saved by :class:`SummaryWriter`.
 
-    Every directory under ``log_dirs`` that holds event files is a *run* (so nested
-    runs, such as the sub-directories torch's ``add_scalars`` creates, are found), named
-    by its path. Names (tags) are looked up across all runs: reading a name returns the
-    events of every run that has it, sorted by step. Use :meth:`Scalars` and
-    :meth:`Tags` for per-run access.
-
-    Scalars are found wherever TensorBoard keeps them: ``simple_value`` summaries (what
-    torch's ``add_scalar`` writes by default) and tensor summaries of the ``"scalars"``
-    plugin (``add_scalar(..., new_style=True)`` and recent TensorBoard writers). Tensor
-    names are those of :meth:`SummaryWriter.add_tensor` summaries and of tensor
-    summaries without a plugin; scalars, text and other plugins' data are not tensor
-    names.
+    Every directory under ``log_dirs`` holding event files is a run; a name is looked up
+    in all runs, and what they hold under it is read together, in step order.
 
     Args:
-        log_dirs: A directory, or a list of directories, to read event files from.
-            A directory that does not exist (yet) is allowed; :meth:`reload` picks it
-            up once it has event files.
+        log_dirs: The directory, or list of directories, holding the event files.
         filter: If given, only scalar and tensor names in a group (the part before the
-            first ``"/"``) that starts with this string are kept, i.e. names matching
-            ``f"{filter}*/*"``. Text summary names are not filtered.
-        **kwargs: Forwarded to tensorboard's
-            ``event_processing.event_multiplexer.EventMultiplexer``. Unless
+            first ``"/"``) that begins with this string are kept, i.e. names matching
+            ``f"{filter}*/*"``; ``read_scalar`` and ``read_tensor`` then also take a name
+            without its group (``"loss"`` for ``"train/loss"``).
+        **kwargs: Forwarded to tensorboard's ``EventMultiplexer``. Unless
             ``size_guidance`` says otherwise, every scalar and tensor event is kept
             (TensorBoard's default would sample them down).
 
-    The event files are read once on construction; call :meth:`reload` to pick up
-    what was written since.
+    Raises:
+        RuntimeError: No event files are found under ``log_dirs``.
+
+    The files are read on construction; :meth:`reload` reads what was written since.
     """
 
-    def __init__(
-        self,
-        log_dirs: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
-        filter: Optional[str] = None,  # pylint: disable=redefined-builtin
-        **kwargs,
-    ):
+    def __init__(self, log_dirs: str, filter: Optional[str] = None, **kwargs):  # pylint: disable=redefined-builtin
         if isinstance(log_dirs, (str, os.PathLike)):
             log_dirs = [log_dirs]
         elif not isinstance(log_dirs, (list, tuple)):
@@ -317,203 +270,196 @@ class SummaryReader:
         if filter is not None and not isinstance(filter, str):
             raise TypeError(f"filter must be a str or None, got {type(filter).__name__}")
         self._filter = filter
+        if not any(_event_files_under(d) for d in self._log_dirs):
+            raise RuntimeError(f"No event files found under {self._log_dirs}")
 
         size_guidance = dict(event_accumulator.DEFAULT_SIZE_GUIDANCE)
         size_guidance[event_accumulator.SCALARS] = 0  # 0 keeps every event
         size_guidance[event_accumulator.TENSORS] = 0
         size_guidance.update(kwargs.pop("size_guidance", None) or {})
         self._multiplexer = EventMultiplexer(size_guidance=size_guidance, **kwargs)
-
-        # name -> [(run, stored tag)] for each kind; rebuilt by reload().
-        self._scalars: Dict[str, list] = {}
-        self._tensors: Dict[str, list] = {}
-        self._texts: Dict[str, list] = {}
+        self._scalars: Dict[str, list] = {}    # name -> [(run, is a tensor)]
+        self._texts: Dict[str, list] = {}      # tag -> [run]
+        self._tensors: Dict[str, list] = {}    # name -> [folder of .pt files]
         self.reload()
 
-    def reload(self) -> "SummaryReader":
-        """Reads events written since the last load, including newly created runs."""
+    def reload(self):
+        """Reads what was written since the last load, including new runs and tensors."""
         for log_dir in self._log_dirs:
-            # Same walk as EventMultiplexer.AddRunsFromDirectory, but naming each run by
-            # its path: AddRunsFromDirectory names runs relative to the directory given,
-            # so two log dirs holding event files directly would both be run ".".
+            # Runs are named by path: EventMultiplexer.AddRunsFromDirectory names them
+            # relative to the directory given, so two log dirs would both be run ".".
             for run_dir in io_wrapper.GetLogdirSubdirectories(log_dir):
                 run_dir = os.path.normpath(run_dir)
                 self._multiplexer.AddRun(run_dir, name=run_dir)
         self._multiplexer.Reload()
-        self._index()
-        return self
 
-    def _index(self):
-        scalars, tensors, texts = {}, {}, {}
+        scalars, texts, tensors = {}, {}, {}
         for run in sorted(self._multiplexer.Runs()):
             accumulator = self._multiplexer.GetAccumulator(run)
             tags = accumulator.Tags()
             for tag in tags[event_accumulator.SCALARS]:
-                scalars.setdefault(tag, []).append((run, tag))
+                scalars.setdefault(tag, []).append((run, False))
             for tag in tags[event_accumulator.TENSORS]:
-                plugin = _plugin_name(accumulator, tag)
-                if plugin == _SCALARS_PLUGIN:
-                    scalars.setdefault(tag, []).append((run, tag))
-                elif plugin == _TEXT_PLUGIN:
-                    name = tag
-                    if tag.endswith(_TEXT_TAG_SUFFIX):
-                        name = tag[: -len(_TEXT_TAG_SUFFIX)]
-                    texts.setdefault(name, []).append((run, tag))
-                elif plugin in ("", TENSOR_PLUGIN_NAME):
-                    tensors.setdefault(tag, []).append((run, tag))
-        if self._filter is not None:
-            pattern = glob.escape(self._filter) + "*/*"
-            scalars = {k: v for k, v in scalars.items() if fnmatch.fnmatchcase(k, pattern)}
-            tensors = {k: v for k, v in tensors.items() if fnmatch.fnmatchcase(k, pattern)}
-        # A run can hold a tag both as simple_value and as a scalars-plugin tensor.
-        self._scalars = {k: sorted(set(v)) for k, v in scalars.items()}
-        self._tensors = tensors
+                if _is_scalar_tensor(accumulator, tag):
+                    scalars.setdefault(tag, []).append((run, True))
+                elif tag.endswith(_TEXT_TAG_SUFFIX):
+                    texts.setdefault(tag, []).append(run)
+        for log_dir in self._log_dirs:
+            for root, dirs, _ in os.walk(log_dir):
+                for cs_dir in sorted(d for d in dirs if d.startswith("events.out.csevents")):
+                    top = os.path.join(root, cs_dir, _TENSORS_DIR)
+                    for folder, _, files in os.walk(top):
+                        if any(f.endswith(".pt") for f in files):
+                            name = os.path.relpath(folder, top).replace(os.sep, "/")
+                            tensors.setdefault(name, []).append(folder)
+        self._scalars = {k: v for k, v in scalars.items() if self._kept(k)}
         self._texts = texts
+        self._tensors = {k: v for k, v in tensors.items() if self._kept(k)}
 
-    @staticmethod
-    def _lookup(index, kind, name):
-        if name not in index:
-            available = ", ".join(repr(n) for n in sorted(index)) or "none"
-            raise KeyError(f"No {kind} named {name!r}; available {kind} names: {available}")
-        return index[name]
+    def _kept(self, name) -> bool:
+        return self._filter is None or fnmatch.fnmatchcase(
+            name, glob.escape(self._filter) + "*/*")
 
-    @staticmethod
-    def _at_step(events, step):
-        events = sorted(events, key=lambda e: (e.step, e.wall_time))
+    def _names(self, index, name) -> List[str]:
+        """The names of ``index`` that ``name`` means: itself, a glob over the names, or
+        with a filter also the name within its group."""
+        if name in index:
+            return [name]
+        patterns = [name]
+        if self._filter is not None:
+            patterns.append(glob.escape(self._filter) + "*/" + name)
+        return sorted(n for n in index if any(fnmatch.fnmatchcase(n, p) for p in patterns))
+
+    def _scalar_events(self, name) -> List[ScalarEvent]:
+        events = []
+        for tag in self._names(self._scalars, name):
+            for run, is_tensor in self._scalars[tag]:
+                if not is_tensor:
+                    events.extend(self._multiplexer.Scalars(run, tag))
+                    continue
+                events.extend(
+                    ScalarEvent(wall_time=e.wall_time, step=e.step,
+                                value=float(tensor_util.make_ndarray(e.tensor_proto).reshape(-1)[0]))
+                    for e in self._multiplexer.Tensors(run, tag))
+        return sorted(events, key=lambda e: e.step)
+
+    def read_scalar(self, name: str, step: int = None) -> Union[List[ScalarEvent], ScalarEvent]:
+        """Returns the values of scalar ``name`` (a glob pattern such as ``"train/*"`` reads
+        every scalar it matches).
+
+        Args:
+            name: The scalar's name.
+            step: If given, only the value written at this step.
+
+        Returns:
+            Without ``step``, a list of tensorboard ``ScalarEvent(wall_time, step, value)``
+            in step order, empty if there is no such scalar. With ``step``, the
+            ``ScalarEvent`` written at that step (the last one written, if several).
+
+        Raises:
+            KeyError: ``step`` is given and nothing was written at it.
+        """
+        events = self._scalar_events(name)
         if step is None:
             return events
-        return [e for e in events if e.step == step]
+        at_step = [e for e in events if e.step == step]
+        if not at_step:
+            raise KeyError(f"Could not find scalar {name} at step {step}")
+        return max(at_step, key=lambda e: e.wall_time)
 
-    def _run_scalars(self, run, tag) -> List[ScalarEvent]:
-        accumulator = self._multiplexer.GetAccumulator(run)
-        tags = accumulator.Tags()
-        events = []
-        if tag in tags[event_accumulator.SCALARS]:
-            events.extend(accumulator.Scalars(tag))
-        is_tensor = tag in tags[event_accumulator.TENSORS]
-        if is_tensor and _plugin_name(accumulator, tag) == _SCALARS_PLUGIN:
-            events.extend(
-                ScalarEvent(
-                    wall_time=e.wall_time,
-                    step=e.step,
-                    value=float(tensor_util.make_ndarray(e.tensor_proto).reshape(-1)[0]),
-                )
-                for e in accumulator.Tensors(tag)
-            )
-        return events
+    def Scalars(self, name: str) -> List[ScalarEvent]:  # pylint: disable=invalid-name
+        """The values of scalar ``name``: :meth:`read_scalar` without a step."""
+        return self.read_scalar(name)
 
-    def read_scalar(self, name: str, step: Optional[int] = None) -> List[ScalarEvent]:
-        """Returns the values of scalar ``name``.
+    def read_tensor(self, name: str, step: int = None, latest_only: bool = True):
+        """Returns the values of tensor summary ``name``.
 
         Args:
-            name: The scalar's tag.
+            name: The tensor's name (a glob pattern reads every tensor it matches).
             step: If given, only the values written at this step.
+            latest_only: Of several values written at one step, return only the last one
+                written; otherwise all of them, in the order written.
 
         Returns:
-            A list of tensorboard ``ScalarEvent(wall_time, step, value)`` sorted by
-            step (then wall time), from all runs that have ``name``. Empty if nothing
-            was written at ``step``.
-
-        Raises:
-            KeyError: ``name`` is not a scalar name (the message lists those available).
+            ``None`` if nothing matches. Without ``step``, a dict from step (in step order)
+            to a :class:`TensorDescriptor` ``(step, ns_since_epoch, tensor)``, or to a list
+            of them if not ``latest_only``. With ``step``, that step's descriptor, or list
+            of descriptors if not ``latest_only``.
         """
-        events = []
-        for run, tag in self._lookup(self._scalars, "scalar", name):
-            events.extend(self._run_scalars(run, tag))
-        return self._at_step(events, step)
+        files = []
+        for tensor_name in self._names(self._tensors, name):
+            for folder in self._tensors[tensor_name]:
+                for f in os.listdir(folder):
+                    if not f.endswith(".pt"):
+                        continue
+                    at = f.split(".", 1)[0]
+                    if step is None or at == str(step):
+                        files.append(os.path.join(folder, f))
+        by_step: Dict[int, List[TensorDescriptor]] = {}
+        for path in files:
+            content = torch.load(path, map_location="cpu", weights_only=True)
+            descriptor = TensorDescriptor(int(content["step"]), int(content["ns_since_epoch"]),
+                                          content["tensor"])
+            by_step.setdefault(descriptor.step, []).append(descriptor)
+        if not by_step:
+            return None
+        for descriptors in by_step.values():
+            descriptors.sort(key=lambda d: d.ns_since_epoch)
+        pick = (lambda ds: ds[-1]) if latest_only else (lambda ds: ds)
+        if step is not None:
+            return pick(by_step[step])
+        return {s: pick(by_step[s]) for s in sorted(by_step)}
 
-    def Scalars(self, run: str, tag: str) -> List[ScalarEvent]:  # pylint: disable=invalid-name
-        """The multiplexer's ``Scalars(run, tag)``, also covering scalars stored as tensors.
+    def scalar_names(self) -> Set[str]:
+        """The names of all scalars (those the filter keeps)."""
+        return set(self._scalars)
 
-        Args:
-            run: A run name, i.e. a key of :meth:`Tags`.
-            tag: A scalar tag of that run (the filter does not apply here).
+    def scalar_groups(self) -> Set[str]:
+        """The groups of the scalar names: the part before the first ``"/"``."""
+        return {name.split("/", 1)[0] for name in self._scalars if "/" in name}
 
-        Returns:
-            The run's ``ScalarEvent`` list for ``tag``, in the order written.
-
-        Raises:
-            KeyError: Unknown run, or ``tag`` is not a scalar of ``run``.
-        """
-        events = self._run_scalars(run, tag)
-        if not events:
-            raise KeyError(f"Run {run!r} has no scalar named {tag!r}")
-        return events
-
-    def read_tensor(self, name: str, step: Optional[int] = None) -> List[TensorSummary]:
-        """Returns the values of tensor summary ``name`` as torch tensors.
-
-        Args:
-            name: The tensor's tag.
-            step: If given, only the values written at this step.
-
-        Returns:
-            A list of :class:`TensorSummary` ``(wall_time, step, tensor)`` sorted by
-            step (then wall time), from all runs that have ``name``; each ``tensor``
-            has the shape and values written (bfloat16/float8 come back as float32).
-            Empty if nothing was written at ``step``.
-
-        Raises:
-            KeyError: ``name`` is not a tensor name (the message lists those available).
-        """
-        events = []
-        for run, tag in self._lookup(self._tensors, "tensor", name):
-            events.extend(
-                TensorSummary(e.wall_time, e.step, _proto_to_torch(e.tensor_proto))
-                for e in self._multiplexer.Tensors(run, tag)
-            )
-        return self._at_step(events, step)
-
-    def scalar_names(self) -> List[str]:
-        """Sorted names of all scalars (after the filter)."""
-        return sorted(self._scalars)
-
-    def scalar_groups(self) -> List[str]:
-        """Sorted, distinct groups of the scalar names: the part before the first ``"/"``.
-
-        Names without a ``"/"`` belong to no group.
-        """
-        return sorted({name.split("/", 1)[0] for name in self._scalars if "/" in name})
-
-    def tensor_names(self) -> List[str]:
-        """Sorted names of all tensor summaries (after the filter); no scalars or text."""
-        return sorted(self._tensors)
+    def tensor_names(self) -> Set[str]:
+        """The names of all tensor summaries (those the filter keeps)."""
+        return set(self._tensors)
 
     def text_summary_names(self) -> List[str]:
-        """Sorted names of all text summaries, as given to ``add_text``."""
-        return sorted(self._texts)
+        """The sorted names of all text summaries, as given to ``add_text``."""
+        return sorted(tag[: -len(_TEXT_TAG_SUFFIX)] for tag in self._texts)
 
-    def read_text_summary(self, name: str, step: Optional[int] = None) -> List[TextSummary]:
+    def read_text_summary(self, name: str, step: int = None) -> Union[List[TensorEvent], TensorEvent]:
         """Returns the values of text summary ``name``.
 
         Args:
-            name: The tag given to ``add_text``; the ``"/text_summary"`` suffix torch
-                adds on disk may be included or left out.
-            step: If given, only the values written at this step.
+            name: The name given to ``add_text`` (the ``"/text_summary"`` suffix torch adds
+                to the tag may be included).
+            step: If given, only the value written at this step.
 
         Returns:
-            A list of :class:`TextSummary` ``(wall_time, step, text)`` sorted by step
-            (then wall time). Empty if nothing was written at ``step``.
+            Without ``step``, a list of tensorboard ``TensorEvent(wall_time, step,
+            tensor_proto)`` in step order (empty if there is no such text summary); with
+            ``step``, the one written at that step (the last one, if several).
 
         Raises:
-            KeyError: ``name`` is not a text summary name (the message lists those
-                available).
+            RuntimeError: ``step`` is given and nothing was written at it.
         """
-        if name not in self._texts and name.endswith(_TEXT_TAG_SUFFIX):
-            name = name[: -len(_TEXT_TAG_SUFFIX)]
+        tag = name if name.endswith(_TEXT_TAG_SUFFIX) else name + _TEXT_TAG_SUFFIX
         events = []
-        for run, tag in self._lookup(self._texts, "text summary", name):
-            events.extend(
-                TextSummary(e.wall_time, e.step, _proto_to_text(e.tensor_proto))
-                for e in self._multiplexer.Tensors(run, tag)
-            )
-        return self._at_step(events, step)
+        for run in self._texts.get(tag, []):
+            events.extend(self._multiplexer.Tensors(run, tag))
+        events.sort(key=lambda e: e.step)
+        if step is None:
+            return events
+        at_step = [e for e in events if e.step == step]
+        if not at_step:
+            raise RuntimeError(f"Could not find text_summary {tag} at step {step}")
+        return max(at_step, key=lambda e: e.wall_time)
 
-    def Tags(self) -> Dict[str, dict]:  # pylint: disable=invalid-name
-        """The multiplexer's ``Runs()``: ``{run: {tag type: tags}}`` for every run.
-
-        Tag types are TensorBoard's (``"scalars"``, ``"tensors"``, ``"histograms"``,
-        ...). Unlike :meth:`scalar_names` and friends this is unfiltered and raw:
-        scalars stored as tensors and text appear under ``"tensors"``.
-        """
-        return self._multiplexer.Runs()
+    def Tags(self) -> Dict[str, List[str]]:  # pylint: disable=invalid-name
+        """The event files' tags of all runs together: ``{"scalars": [...], "tensors":
+        [...]}``, sorted. Scalars stored as tensors and text tags are under ``"tensors"``;
+        the tensors of :meth:`SummaryWriter.add_tensor` are not in the event files."""
+        scalars, tensors = set(), set()
+        for tags in self._multiplexer.Runs().values():
+            scalars.update(tags[event_accumulator.SCALARS])
+            tensors.update(tags[event_accumulator.TENSORS])
+        return {"scalars": sorted(scalars), "tensors": sorted(tensors)}

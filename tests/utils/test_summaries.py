@@ -1,5 +1,7 @@
 """summarize_scalar and summarize_tensor inside traced steps, written to the executor's
 SummaryWriter, read back by our reader and by TensorBoard's own EventAccumulator."""
+import os
+
 import pytest
 import torch
 import torch.nn as nn
@@ -37,33 +39,37 @@ def _loader():
     return DataLoader(lambda: data)
 
 
-def test_summaries_in_a_traced_step_are_written_every_activation_step(tmp_path):
+@pytest.mark.parametrize("base_step", [None, 100])
+def test_summaries_in_a_traced_step_are_written_every_activation_step(tmp_path, base_step):
     step = _step()
-    writer = SummaryWriter(str(tmp_path), base_step=100)
+    # The writer's base_step (1 unless given, as in the real package) is the step of the
+    # executor's first step: step index i (0-based) is written at base_step + i.
+    writer = SummaryWriter(str(tmp_path), **({} if base_step is None else {"base_step": base_step}))
+    first = 1 if base_step is None else base_step
     with pytest.warns(FutureWarning, match="writer"):
         executor = DataExecutor(_loader(), num_steps=5, writer=writer, activation_steps=2)
     results = [step(x) for x in executor]
     writer.close()
     assert step.captures == 1
-    fetched = [2, 4, 5]   # every 2nd step and the last one
+    fetched = [2, 4, 5]   # every 2nd step and the last one (1-based)
+    steps = [first + s - 1 for s in fetched]
     reader = SummaryReader(str(tmp_path))
     scalars = reader.read_scalar("train/loss")
-    assert [e.step for e in scalars] == [100 + s for s in fetched]
+    assert [e.step for e in scalars] == steps
     assert [e.value for e in scalars] == pytest.approx([float(results[s - 1][0]) for s in fetched])
     tensors = reader.read_tensor("train/out")
-    assert [t.step for t in tensors] == [100 + s for s in fetched]
-    for t, s in zip(tensors, fetched):
+    assert list(tensors) == steps
+    for t, s in zip(tensors.values(), fetched):
         assert torch.equal(t.tensor, results[s - 1][1].detach().cpu())
 
+    # TensorBoard sees the scalars; tensors are .pt files beside the event file, as the
+    # real package writes them, not event-file summaries.
     acc = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0, "scalars": 0}).Reload()
-    tags = acc.Tags()
-    assert "train/loss" in tags["tensors"] + tags["scalars"]
-    loss_events = acc.Tensors("train/loss") if "train/loss" in tags["tensors"] else acc.Scalars("train/loss")
-    assert [e.step for e in loss_events] == [100 + s for s in fetched]
-    out_events = acc.Tensors("train/out")
-    from tensorboard.util import tensor_util
-    assert torch.equal(torch.from_numpy(tensor_util.make_ndarray(out_events[-1].tensor_proto)),
-                       results[4][1].detach().cpu())
+    assert acc.Tags()["scalars"] == ["train/loss"] and acc.Tags()["tensors"] == []
+    assert [e.step for e in acc.Scalars("train/loss")] == steps
+    out_dir = os.path.join(writer.cs_events_dir, "tensors", "train", "out")
+    saved = sorted(torch.load(os.path.join(out_dir, f))["step"] for f in os.listdir(out_dir))
+    assert saved == steps
 
 
 def test_summaries_without_a_writer_warn_once():
@@ -83,6 +89,7 @@ def test_eager_summaries_and_bad_arguments(tmp_path):
         cstorch.summarize_scalar("eager/value", torch.tensor([2.5 * i]))
     writer.close()
     events = SummaryReader(str(tmp_path)).read_scalar("eager/value")
+    # Outside a traced step too: base_step (default 1) + the 0-based step index.
     assert [(e.step, e.value) for e in events] == [(1, 0.0), (2, 2.5)]
     with pytest.raises(ValueError, match="use summarize_tensor"):
         cstorch.summarize_scalar("x", torch.zeros(3))
