@@ -27,3 +27,21 @@ def make_mesh(devices=None, num_systems: int = 1) -> Mesh:
     rows, cols = _grid(len(devices) // num_systems)
     grid = np.array(devices, dtype=object).reshape(num_systems, rows, cols)
     return Mesh(grid, AXES)
+
+
+def box_mesh(mesh: Mesh, systems, shape) -> Mesh:
+    """The mesh a user's mesh of boxes gives over the emulated wafer `mesh`: its axes are
+    the boxes' axes ("box0", "box1", ...) in `shape`, then each system's "rows" and
+    "cols". `systems` lists, in row-major order of `shape`, the system each box is.
+    Every system of `mesh` is one box exactly once, so that the new mesh spans the same
+    devices as the step (a program has one set of devices)."""
+    systems, shape = [int(s) for s in systems], tuple(int(n) for n in shape)
+    count = mesh.shape["systems"]
+    if sorted(systems) != list(range(count)):
+        raise ValueError(
+            f"a mesh of boxes on this cluster must hold each of its {count} systems once "
+            f"(csx_id 0 to {count - 1}); got csx_ids {systems}")
+    if math.prod(shape) != len(systems):
+        raise ValueError(f"{len(systems)} boxes do not fill a mesh of shape {shape}")
+    grid = mesh.devices[systems].reshape(*shape, mesh.shape["rows"], mesh.shape["cols"])
+    return Mesh(grid, tuple(f"box{i}" for i in range(len(shape))) + AXES[1:])
