@@ -12,6 +12,7 @@ backends, and outside a traced step, each function returns its tensor unchanged.
 """
 import torch
 
+import wafer
 from cstorch.backend import current_backend_impl
 from cstorch.mesh.boxes import Mesh, cluster_mesh, mesh_of
 from cstorch.mesh.placement import ShardingSpec, split_axes_of
@@ -42,6 +43,7 @@ def _lay_out(tensor: torch.Tensor, mesh: Mesh, split, backend) -> torch.Tensor:
             f"mesh {mesh.mesh_id!r} has boxes of csx_ids {mesh.systems}, but a tensor laid out "
             f"on this cluster needs every one of its {count} systems (csx_id 0 to {count - 1}) "
             f"once; build the mesh over all systems (the backend's cluster_config num_csx)")
+    wafer.box_mesh(backend.mesh, mesh.systems, mesh.shape)   # refuses boxes out of order here
     dims = []
     for axis, dim in enumerate(split):
         if dim is None:
@@ -104,12 +106,10 @@ def all_gather(tensor, gather_axes):
         raise IndexError(f"all_gather: gather axes {bad} are not axes of a mesh of shape "
                          f"{mesh.shape}")
     axes = {a % mesh.ndim for a in axes}
+    if not axes:
+        return tensor
     if split is None:
-        if axes != set(range(mesh.ndim)):
-            raise ValueError(
-                "all_gather: this tensor was not laid out by distribute_tensor or all_slice, "
-                "so its splits along the mesh axes not gathered are unknown; gather along "
-                "every axis of the cluster's mesh, or lay it out first")
+        # Not laid out here: its mesh is the cluster's one axis, which is being gathered.
         split = (None,) * mesh.ndim
     return _lay_out(tensor, mesh, [None if i in axes else d for i, d in enumerate(split)],
                     backend)
