@@ -60,7 +60,7 @@ def _lay_out(tensor: torch.Tensor, mesh: Mesh, split, backend) -> torch.Tensor:
 
 def distribute_tensor(tensor, sharding_spec, names):
     """Lay `tensor` out as `sharding_spec` (a `ShardingSpec`, see `sharding_spec`) says.
-    `names` labels the result in the program; it does not change the layout or values."""
+    `names` is taken as the reference takes it; it changes neither the layout nor the values."""
     backend = _cluster()
     if backend is None:
         return tensor
@@ -118,8 +118,8 @@ def all_gather(tensor, gather_axes):
 def all_slice(tensor, sharding_array, names):
     """Slice `tensor` as `sharding_array` (one `Shard(dim)` or `Replicate()` per mesh axis)
     says, on the mesh it was laid out on (without one, the cluster's systems in a row):
-    each box keeps its slice, a dynamic slice in the program. `names` labels the result
-    in the program; it does not change the layout or values."""
+    each box keeps its slice, a dynamic slice in the program. `names` is taken as the
+    reference takes it; it changes neither the layout nor the values."""
     backend = _cluster()
     if backend is None:
         return tensor
