@@ -42,7 +42,8 @@ def box_mesh(mesh: Mesh, systems, shape) -> Mesh:
     if sorted(systems) != list(range(count)):
         raise ValueError(
             f"a mesh of boxes on this cluster must hold each of its {count} systems once "
-            f"(csx_id 0 to {count - 1}); got csx_ids {systems}")
+            f"(csx_id 0 to {count - 1}; their number is the cluster config's num_csx); "
+            f"got csx_ids {systems}")
     if math.prod(shape) != len(systems):
         raise ValueError(f"{len(systems)} boxes do not fill a mesh of shape {shape}")
     ids = np.array(systems).reshape(shape)

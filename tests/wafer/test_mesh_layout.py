@@ -156,7 +156,7 @@ def test_annotated_step_trains_as_the_plain_step_and_eager(csx):
 
 
 def test_a_mesh_missing_systems_or_out_of_order_is_refused(csx):
-    assert "every one of its 4 systems" in csx["part"]
+    assert "must hold each of its 4 systems once" in csx["part"]
     assert "not in csx_id order" in csx["reversed"]
 
 
