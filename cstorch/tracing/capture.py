@@ -10,6 +10,7 @@ that was never compiled is registered with a notice and the capture starts again
 """
 import contextlib
 import contextvars
+import functools
 import gc
 import logging
 import math
@@ -524,12 +525,14 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
 
     layout = _grad_layout([cells[i] for i in grad_out]) if len(backend.devices) == 1 else None
     policy = backend.matmul_policy
+    # cstorch.mesh layouts mean a sharding on the emulated cluster only (elsewhere, none).
+    boxes = functools.partial(wafer.box_mesh, backend.mesh) if backend.is_csx else None
 
     def jax_fn(state_arrays, grads, hyper_values, inputs, rng):
         def key():
             return jax.random.fold_in(jax.random.PRNGKey(rng[0]), rng[1])
         flat_hyper = [hyper_values[i] for i in range(2 * n_hyper)]
-        with matmul_policy(policy):
+        with matmul_policy(policy), bridge.box_meshes(boxes):
             outs = lowered(*state_arrays, *grads, *flat_hyper, *inputs, key=key)
         grads_out = list(outs[n:n + len(grad_out)])
         if layout is not None:

@@ -15,7 +15,7 @@ def test_one_hot_equals_torch():
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 7, (4, 5), generator=g)
     assert torch.equal(F.one_hot(x, num_classes=9), TF.one_hot(x, num_classes=9))
-    assert torch.equal(F.one_hot(x), TF.one_hot(x))
+    assert torch.equal(F.one_hot(x, -1), TF.one_hot(x))   # num_classes has no default
     assert F.one_hot(x, 9).dtype == torch.int64
     assert torch.equal(F.one_hot(x.int(), 7), TF.one_hot(x, 7))         # int32 indices
     assert F.one_hot(torch.tensor([-1, 3]), 3).sum().item() == 0        # out of range: zeros
