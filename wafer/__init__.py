@@ -8,6 +8,7 @@ from wafer.precision import matmul_dtypes
 from wafer import micro_batch
 from wafer.micro_batch import run_micro_batches
 
-__all__ = ["AXES", "make_mesh", "box_mesh", "replicated", "batch_sharding", "state_sharding", "compile_step", "CompiledStep",
+__all__ = ["AXES", "make_mesh", "box_mesh", "replicated", "batch_sharding", "state_sharding",
+           "compile_step", "CompiledStep",
            "write_artifacts", "use_compile_dir", "compile_stats", "CompileStats", "micro_batch",
            "run_micro_batches", "matmul_dtypes", "layout_report", "format_layout", "keep_buffers_mapped"]

@@ -8,7 +8,6 @@ Three kernels (`ranged_matmul`, `nth_order_statistic`, `conditional_arange`) are
 documented closely enough to compute their values here; they raise NotImplementedError
 rather than return a guess.
 """
-from typing import Optional
 
 import torch
 
