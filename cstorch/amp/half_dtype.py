@@ -55,6 +55,13 @@ def enable_mixed_precision(enabled: bool = True) -> bool:
     return enabled
 
 
+def init():
+    """Start mixed precision for the run (the reference's apex-style entry point): switch
+    it on with the current half dtype (float16 unless `set_half_dtype` chose another).
+    Loss scaling and `cstorch.amp.optimizer_step` work with or without this call."""
+    enable_mixed_precision(True)
+
+
 def mixed_precision() -> bool:
     """Whether mixed precision is switched on (off by default)."""
     return _settings["mixed_precision"]
