@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from cstorch.compile import CompiledModule
 from cstorch.sparse.init import initial_mask, make_init_method
 from cstorch.sparse.utils import HyperParameterSchedule, make_hyperparameter_schedule
 
@@ -156,7 +157,6 @@ class SparsityAlgorithm(ABC):
         """Sparsify the parameters of a module and its submodules (``model.apply(sparsity)``
         calls this on each submodule, and each does its own) or hook an optimizer
         (``optimizer.apply(sparsity)``)."""
-        from cstorch.compile import CompiledModule
         if isinstance(obj, CompiledModule):
             obj = obj.module
         if isinstance(obj, torch.nn.Module):
@@ -243,7 +243,6 @@ class SparsityAlgorithm(ABC):
     def get_sparse_params(self, obj):
         """The `SparseParameter`s of `obj`: a module (those of its parameters and its
         submodules'), an optimizer (those it steps), or a tensor (its own, or None)."""
-        from cstorch.compile import CompiledModule
         if isinstance(obj, CompiledModule):
             obj = obj.module
         if isinstance(obj, torch.nn.Module):

@@ -5,11 +5,16 @@ The module is itself callable: ``cstorch.sparse.configure(config)`` builds a `Gr
 default filter, as Model Zoo does both.
 """
 import fnmatch
+import inspect
 import sys
 import types
 import warnings
 
 import torch
+
+from cstorch.sparse.base import SparsityAlgorithm
+from cstorch.sparse.dynamic import DynamicSparsityAlgorithm
+from cstorch.sparse.group import Group
 
 _SKIPPED = ("embedding", "norm", "lm_head", "pe_helper")
 
@@ -50,11 +55,6 @@ class UnknownSparsityAlgorithm(NameError, ValueError):
 def algorithm_classes() -> dict:
     """Every sparsity algorithm by lower-case class name: the built-in ones and concrete
     user subclasses of `SparsityAlgorithm` (`Group` and the abstract bases excluded)."""
-    import inspect
-
-    from cstorch.sparse.base import SparsityAlgorithm
-    from cstorch.sparse.dynamic import DynamicSparsityAlgorithm
-    from cstorch.sparse.group import Group
     found, todo = {}, [SparsityAlgorithm]
     while todo:
         cls = todo.pop()
@@ -68,7 +68,6 @@ def algorithm_classes() -> dict:
 def map_sparsity_algorithm(algorithm):
     """The `SparsityAlgorithm` class `algorithm` names ("static", "gmp", "set", "rigl",
     any case, or the lower-case name of a user subclass); a class is returned as is."""
-    from cstorch.sparse.base import SparsityAlgorithm
     if isinstance(algorithm, type) and issubclass(algorithm, SparsityAlgorithm):
         return algorithm
     classes = algorithm_classes()
@@ -124,7 +123,6 @@ def configure(config):
     (``sparsity``, or its older name ``schedule``; ``init_method``, ``update``,
     ``drop_fraction``, ...). Parameters go to the first dict whose filter takes them.
     """
-    from cstorch.sparse.group import Group
     group = Group()
     for i, entry in enumerate(_entries(config)):
         if not isinstance(entry, dict):
