@@ -204,3 +204,53 @@ def test_static_scaler_refuses_dynamic_state():
         scaler.scale(1.0)
     with pytest.warns(UserWarning, match="overflow_tolerance only apply"):
         cstorch.amp.GradScaler(loss_scale=8.0, overflow_tolerance=0.5)
+
+
+@pytest.mark.parametrize("how", ["scaler_norm", "step_norm", "step_value"])
+def test_clipping_in_a_traced_step_equals_torch(how):
+    """max_gradient_norm of the scaler or of optimizer_step, or max_gradient_value, clip the
+    unscaled gradients as torch.nn.utils.clip_grad_*_ does."""
+    model = make()
+    reference = copy.deepcopy(model)
+    torch_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(5)
+    data = [(torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g) * 10)
+            for _ in range(3)]
+    for x, y in data:
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        if how == "step_value":
+            torch.nn.utils.clip_grad_value_(reference.parameters(), 0.05)
+        else:
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+        torch_opt.step()
+        torch_opt.zero_grad()
+
+    compiled = cstorch.compile(model, cstorch.backend("CPU"))
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = cstorch.amp.GradScaler(loss_scale="dynamic", init_scale=2.0 ** 8,
+                                    max_gradient_norm=0.5 if how == "scaler_norm" else None)
+    kwargs = {"step_norm": {"max_gradient_norm": 0.5},
+              "step_value": {"max_gradient_value": 0.05}}.get(how, {})
+
+    @cstorch.trace
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        cstorch.amp.optimizer_step(loss, opt, scaler, **kwargs)
+        opt.zero_grad()
+        return loss
+
+    for x, y in data:
+        step(x, y)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-4,
+                                   atol=1e-6)
+
+
+def test_state_dict_fills_the_destination():
+    cstorch.backend("CPU")
+    scaler = cstorch.amp.GradScaler(loss_scale="dynamic", init_scale=64.0)
+    scaler.update()
+    destination = {"kept": 1}
+    assert scaler.state_dict(destination=destination) is destination
+    assert destination["kept"] == 1 and float(destination["scale"]) == 64.0
+    assert cstorch.amp.GradScaler(loss_scale=8.0).state_dict() == {}
