@@ -9,6 +9,7 @@ optimizer.apply(sparsity)
 ```
 """
 from cstorch.sparse import configure, init, utils
+from cstorch.sparse.configure import map_sparsity_algorithm
 from cstorch.sparse.base import SparseParameter, SparsityAlgorithm
 from cstorch.sparse.dynamic import DynamicSparsityAlgorithm
 from cstorch.sparse.gmp import GMP
@@ -22,7 +23,7 @@ from cstorch.sparse.utils import (Constant, Cosine, Cycling, Exp, FreqSchedule,
                                   UpdateSchedule, make_hyperparameter_schedule,
                                   make_update_schedule)
 
-__all__ = ["configure", "init", "utils", "SparsityAlgorithm", "SparseParameter",
+__all__ = ["configure", "map_sparsity_algorithm", "init", "utils", "SparsityAlgorithm", "SparseParameter",
            "DynamicSparsityAlgorithm", "Static", "GMP", "SET", "RigL", "Group",
            "make_init_method", "HyperParameterSchedule", "Constant", "Linear", "Exp", "Power",
            "Cosine", "Cycling", "Lambda", "UpdateSchedule", "FreqSchedule", "ListSchedule",

@@ -5,9 +5,10 @@ the parameter as the buffer ``<name>_mask`` (so it is state of the run, saved wi
 model's `state_dict`, and the checkpoint shows which parameters were sparse). The
 algorithm keeps the parameter equal to ``dense * mask``:
 
-- ``model.apply(sparsity)`` chooses the parameters, makes each mask (`init_method`, at the
-  sparsity level of step 0) and multiplies it into the parameter;
-- before each forward of an owning module the mask is multiplied into the parameter again
+- ``model.apply(sparsity)`` chooses the parameters and makes each mask (`init_method`, at
+  the sparsity level of step 0); as in the reference, the weights keep their values until
+  the owning module's next forward;
+- before each forward of an owning module the mask is multiplied into the parameter
   (a value written in between, say by `load_state_dict`, is masked too), and a gradient
   hook multiplies it into the parameter's gradient after backward (for RigL, which reads
   the dense gradient, the gradient is masked in `optimizer.step()`'s pre-hook instead);
@@ -28,13 +29,14 @@ tensor when its ``requires_dense`` is True.
 """
 import sys
 import weakref
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from cstorch.compile import CompiledModule
 from cstorch.sparse.init import initial_mask, make_init_method
 from cstorch.sparse.utils import HyperParameterSchedule, make_hyperparameter_schedule
 
@@ -83,6 +85,19 @@ def _apply_root(module):
     return root
 
 
+def _in_module_apply() -> bool:
+    """Whether this call comes from `torch.nn.Module.apply` (through `__call__`)."""
+    code = torch.nn.Module.apply.__code__
+    frame = sys._getframe(2)
+    for _ in range(3):
+        if frame is None:
+            return False
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class SparsityAlgorithm(ABC):
     """Base class of sparsity algorithms.
 
@@ -101,20 +116,12 @@ class SparsityAlgorithm(ABC):
     #: Whether the algorithm changes its masks during training.
     dynamic = False
 
-    def __init__(self, sparsity=None, init_method="random", param_filter=None, **kwargs):
+    def __init__(self, sparsity, init_method="random"):
         name = type(self).__name__
-        algorithm = kwargs.pop("algorithm", None)
-        if algorithm is not None and str(algorithm).lower() != name.lower():
-            raise ValueError(f"{name} got algorithm={algorithm!r}; use "
-                             "cstorch.sparse.configure to build an algorithm by name")
-        if kwargs:
-            raise TypeError(f"{name} got unexpected arguments {sorted(kwargs)}")
-        self.sparsity = None if sparsity is None else _sparsity_schedule(sparsity, name)
+        self._sparsity = None if sparsity is None else _sparsity_schedule(sparsity, name)
         self.init_method = make_init_method(init_method)
-        if param_filter is not None:
-            from cstorch.sparse.configure import make_param_filter
-            param_filter = make_param_filter(param_filter)
-        self.param_filter = param_filter
+        #: Which parameters `sparsify_module` takes (a `Group` entry sets it; None: all).
+        self.param_filter = None
         self.sparse_params: "OrderedDict[str, SparseParameter]" = OrderedDict()
         self.optimizers = []
         #: Update the masks after every `optimizer.step()`; when False, call `update()`.
@@ -128,19 +135,40 @@ class SparsityAlgorithm(ABC):
         self._pending_step = None   # a loaded step for an optimizer not applied yet
         self._dense_grads = {}      # id(param) -> its gradient before masking (this step)
         self._step = None           # the counter while masks are being updated
+        self._current_name = None   # the parameter whose mask `update_mask` computes
+
+    @property
+    def sparsity(self):
+        """The sparsity level as a schedule of the step (`cstorch.sparse.utils`): called
+        with the step it gives the fraction of each sparse parameter's weights that are
+        zero."""
+        return self._sparsity
+
+    @sparsity.setter
+    def sparsity(self, value):
+        self._sparsity = (None if value is None
+                          else _sparsity_schedule(value, type(self).__name__))
 
     # applying ------------------------------------------------------------------------------
     def __call__(self, obj):
         return self.apply(obj)
 
     def apply(self, obj):
-        """Sparsify a module's parameters (``model.apply(sparsity)`` calls this on every
-        submodule) or hook an optimizer (``optimizer.apply(sparsity)``)."""
-        from cstorch.compile import CompiledModule
+        """Sparsify the parameters of a module and its submodules (``model.apply(sparsity)``
+        calls this on each submodule, and each does its own) or hook an optimizer
+        (``optimizer.apply(sparsity)``)."""
         if isinstance(obj, CompiledModule):
             obj = obj.module
         if isinstance(obj, torch.nn.Module):
-            self.sparsify_module(obj, _apply_root(obj))
+            if _in_module_apply():
+                self.sparsify_module(obj)   # Module.apply visits every submodule itself
+                return
+            self._walk_root = obj
+            try:
+                for sub in obj.modules():
+                    self.sparsify_module(sub)
+            finally:
+                self._walk_root = None
         elif isinstance(obj, torch.optim.Optimizer):
             self.sparsify_optimizer(obj)
         else:
@@ -153,10 +181,11 @@ class SparsityAlgorithm(ABC):
             return self
         return None
 
-    def sparsify_module(self, module: torch.nn.Module, root=None):
-        """Sparsify the parameters `module` itself owns that the filter takes; names are
-        relative to `root` (by default the module)."""
-        root = module if root is None else root
+    def sparsify_module(self, module: torch.nn.Module):
+        """Sparsify the parameters `module` itself owns that the filter takes. Names are
+        full names: relative to the module ``model.apply(sparsity)`` was called on when
+        this comes from it, else to `module`."""
+        root = getattr(self, "_walk_root", None) or _apply_root(module)
         prefix = self._prefix_in(root, module)
         for key, param in list(module._parameters.items()):
             if param is None or not param.is_floating_point():
@@ -166,7 +195,7 @@ class SparsityAlgorithm(ABC):
             name = f"{prefix}.{key}" if prefix else key
             algorithm = self._choose(name, param)
             if algorithm is not None:
-                algorithm.sparsify_parameter(module, key, name)
+                algorithm._sparsify(module, key, name)
 
     def _prefix_in(self, root, module) -> str:
         """`module`'s name inside `root` (cached per root: `model.apply` asks once per
@@ -181,10 +210,17 @@ class SparsityAlgorithm(ABC):
             cached = self._prefixes = (weakref.ref(root), names)
         return cached[1].get(id(module), "")
 
-    def sparsify_parameter(self, module: torch.nn.Module, key: str, name: str = None):
-        """Make the mask of ``module.<key>``, register it as ``<key>_mask`` and mask the
-        parameter."""
-        name = key if name is None else name
+    def sparsify_parameter(self, module: torch.nn.Module, name: str, param: torch.Tensor):
+        """Sparsify the parameter `param` that `module` holds as `name`: make its mask
+        (`init_method`, at the level of step 0) and register it on `module` as the buffer
+        ``<name>_mask``. The weights themselves are masked before the module's next
+        forward, as in the reference."""
+        if module._parameters.get(name) is not param:
+            raise ValueError(f"sparsify_parameter: {type(module).__name__} holds no parameter "
+                             f"{name!r} that is the tensor given")
+        return self._sparsify(module, name, name)
+
+    def _sparsify(self, module, key, name):
         if self.sparsity is None:
             raise ValueError(f"{type(self).__name__} has no sparsity level: pass sparsity=")
         param = module._parameters[key]
@@ -193,13 +229,53 @@ class SparsityAlgorithm(ABC):
         module.register_buffer(f"{key}_mask", mask)
         sp = SparseParameter(module, key, name, self)
         self.sparse_params[name] = sp
-        with torch.no_grad():
-            param.mul_(sp.mask)
+        self.csx_annotate_sparsity(sp)
         if id(module) not in self._by_module:
             self._by_module[id(module)] = []
             self._handles.append(module.register_forward_pre_hook(self._before_forward))
         self._by_module[id(module)].append(sp)
         return sp
+
+    def csx_annotate_sparsity(self, param):
+        """Tell the wafer compiler the sparsity of `param` (a `SparseParameter`). Nothing
+        to do here: the masks are applied as ordinary ops, which every backend lowers."""
+
+    def get_sparse_params(self, obj):
+        """The `SparseParameter`s of `obj`: a module (those of its parameters and its
+        submodules'), an optimizer (those it steps), or a tensor (its own, or None)."""
+        if isinstance(obj, CompiledModule):
+            obj = obj.module
+        if isinstance(obj, torch.nn.Module):
+            ids = {id(p) for p in obj.parameters()}
+        elif isinstance(obj, torch.optim.Optimizer):
+            ids = {id(p) for group in obj.param_groups for p in group["params"]}
+        elif isinstance(obj, torch.Tensor):
+            return next((sp for sp in self.sparse_params.values() if sp.param is obj), None)
+        else:
+            raise TypeError(f"get_sparse_params takes a module, an optimizer or a tensor, got "
+                            f"{type(obj).__name__}")
+        return [sp for sp in self.sparse_params.values() if id(sp.param) in ids]
+
+    @torch.no_grad()
+    def prune_weight(self, sparse_param):
+        """Multiply the mask of `sparse_param` (a `SparseParameter`) into its weights."""
+        sparse_param.param.mul_(sparse_param.mask)
+
+    def visit_state(self, f):
+        """Call ``f(tensor)`` on each tensor of the algorithm's state (every mask, the step
+        counters); a tensor `f` returns replaces the one given."""
+        for sp in self.sparse_params.values():
+            new = f(sp.mask)
+            if isinstance(new, torch.Tensor) and new is not sp.mask:
+                sp.module._buffers[sp.mask_name] = new
+        for key, (holder, where) in list(self._counters.items()):
+            counter = self._counter(holder)
+            new = f(counter)
+            if isinstance(new, torch.Tensor) and new is not counter:
+                if isinstance(where, str):
+                    holder.schedule_state[where] = new
+                else:
+                    self._counters[key] = (holder, new)
 
     @property
     def num_sparse_params(self) -> int:
@@ -226,8 +302,6 @@ class SparsityAlgorithm(ABC):
         self.optimizers.append(optimizer)
         self._handles.append(optimizer.register_step_pre_hook(self._before_step))
         self._handles.append(optimizer.register_step_post_hook(self._after_step))
-        with torch.no_grad():
-            self._apply_masks(optimizer)
 
     # hooks -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -337,21 +411,23 @@ class SparsityAlgorithm(ABC):
                     level = self.sparsity(step)
                     for sp in owned:
                         mask = sp.mask
-                        new = self.update_mask(sp.param, mask, level, name=sp.name)
+                        self._current_name = sp.name
+                        new = self.update_mask(sp.param, mask, level)
                         mask.copy_(torch.where(is_update, new.to(torch.bool), mask))
             for sp in owned:
                 _mask_param_and_state(optimizer, sp.param, sp.mask)
                 self._report(sp, step, sp.mask)
         finally:
             self._step = None
+            self._current_name = None
             self._dense_grads.clear()
 
-    @abstractmethod
-    def update_mask(self, p, mask, sparsity, name=None) -> torch.Tensor:
+    def update_mask(self, p, mask, sparsity) -> torch.Tensor:
         """The new mask of `p` (whose current mask is `mask`) at the sparsity level
         `sparsity` (a float32 tensor), with torch ops; called on the update steps of a
-        dynamic algorithm. `self.step` is the step counter meanwhile, `name` the
-        parameter's name. A static algorithm returns `mask`."""
+        dynamic algorithm. `self.step` is the step counter meanwhile. A static pattern
+        keeps `mask`."""
+        return mask
 
     # sparsity hooks --------------------------------------------------------------------
     def register_target_sparsity_hook(self, hook) -> RemovableHandle:
@@ -383,7 +459,7 @@ class SparsityAlgorithm(ABC):
     def prune_weights(self):
         """Multiply every mask into its parameter."""
         for sp in self.sparse_params.values():
-            sp.param.mul_(sp.mask)
+            self.prune_weight(sp)
 
     @torch.no_grad()
     def initialize(self):
@@ -413,6 +489,11 @@ class SparsityAlgorithm(ABC):
 
     def __repr__(self):
         return f"{type(self).__name__}(num_sparse_params={self.num_sparse_params})"
+
+    @property
+    def current_param_name(self):
+        """The full name of the parameter `update_mask` is computing the mask of."""
+        return self._current_name
 
 
 def _mask_param_and_state(optimizer, p, mask):

@@ -2,7 +2,7 @@
 from abc import abstractmethod
 
 from cstorch.sparse.base import SparsityAlgorithm
-from cstorch.sparse.utils import ListSchedule, StepValues, make_update_schedule
+from cstorch.sparse.utils import Cycling, ListSchedule, StepValues, make_update_schedule
 
 
 class DynamicSparsityAlgorithm(SparsityAlgorithm):
@@ -12,8 +12,8 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
     optimizer steps taken: the update after the first `optimizer.step()` is at step 1.
 
     ``sparsity`` may be a schedule (its value at each update step is the level the update
-    aims at), or a list of levels paired with ``update={"steps": [...]}`` (level i from
-    step i on).
+    aims at), a list of levels paired with ``update={"steps": [...]}`` (level i from
+    step i on), or another list of levels (cycled through, `Cycling`).
     """
 
     dynamic = True
@@ -21,15 +21,15 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
     def __init__(self, sparsity=None, update=None, **kwargs):
         self.update_schedule = make_update_schedule(update)
         if isinstance(sparsity, (list, tuple)):
-            if not isinstance(self.update_schedule, ListSchedule):
-                raise ValueError(f"{type(self).__name__}: a list of sparsity levels needs "
-                                 "update={'steps': [...]} with one step per level")
-            sparsity = StepValues(sparsity, self.update_schedule.steps)
+            if isinstance(self.update_schedule, ListSchedule):
+                sparsity = StepValues(sparsity, self.update_schedule.steps)
+            else:
+                sparsity = Cycling(sparsity)
         super().__init__(sparsity=sparsity, **kwargs)
         if self.sparsity is None:
             raise ValueError(f"{type(self).__name__} needs a sparsity level or schedule: "
                              "sparsity=")
 
     @abstractmethod
-    def update_mask(self, p, mask, sparsity, name=None):
+    def update_mask(self, p, mask, sparsity):
         """The new mask (see `SparsityAlgorithm.update_mask`)."""

@@ -27,14 +27,14 @@ class Group(SparsityAlgorithm):
                                 f"algorithm) pairs, got {item!r}") from None
             self.add(param_filter, algorithm)
 
-    def add(self, param_filter, algorithm: SparsityAlgorithm):
-        """Give `algorithm` the parameters `param_filter` takes (and no earlier group
-        took)."""
-        from cstorch.sparse.configure import make_param_filter
+    def add(self, filter, algorithm: SparsityAlgorithm):  # noqa: A002  (the reference's name)
+        """Give `algorithm` the parameters `filter` takes (a glob of parameter names, a
+        list of globs or a callable ``(name, param) -> bool``) and no earlier group took."""
+        from cstorch.sparse.configure import make_param_filter  # configure imports this module
         if not isinstance(algorithm, SparsityAlgorithm):
             raise TypeError(f"a Group's algorithm must be a SparsityAlgorithm, got "
                             f"{type(algorithm).__name__}")
-        self.sparsity_groups.append((make_param_filter(param_filter), algorithm))
+        self.sparsity_groups.append((make_param_filter(filter), algorithm))
 
     def extend(self, group: "Group"):
         """Append the groups of another `Group`."""
@@ -65,9 +65,23 @@ class Group(SparsityAlgorithm):
     def sparse_params(self, value):  # the base's constructor sets it; a Group derives it
         pass
 
-    def sparsify_parameter(self, module, key, name=None):
-        raise TypeError("a Group sparsifies through its algorithms; apply the Group to the "
-                        "module instead")
+    @property
+    def sparsity(self):
+        """The sparsity schedule of each sparse parameter, by full name (each group's
+        algorithm has its own)."""
+        return {name: sp.algorithm.sparsity for name, sp in self.sparse_params.items()}
+
+    def sparsify_parameter(self, module, name, param):
+        """Sparsify `param` (held by `module` as `name`) with the algorithm of the first
+        group whose filter takes `name`; None when no group takes it."""
+        algorithm = self._choose(name, param)
+        if algorithm is None:
+            return None
+        return algorithm.sparsify_parameter(module, name, param)
+
+    def visit_state(self, f):
+        for algorithm in self.algorithms:
+            algorithm.visit_state(f)
 
     def sparsify_optimizer(self, optimizer):
         for algorithm in self.algorithms:
@@ -88,7 +102,7 @@ class Group(SparsityAlgorithm):
         for algorithm in self.algorithms:
             algorithm.update(optimizer)
 
-    def update_mask(self, p, mask, sparsity, name=None):
+    def update_mask(self, p, mask, sparsity):
         raise TypeError("a Group updates masks through its algorithms")
 
     def prune_weights(self):

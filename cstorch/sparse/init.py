@@ -3,7 +3,7 @@
 An init method is called once per parameter, eagerly, when the algorithm is applied to the
 module: ``init_method(p, sparsity) -> mask``, `p` the parameter's value and `sparsity` the
 level at step 0 (a float), the mask a bool tensor of `p`'s shape, True where the weight
-stays. The built-in methods keep exactly ``numel - round(sparsity * numel)`` weights
+stays. The built-in methods keep exactly ``floor((1 - sparsity) * numel)`` weights
 (``"from_zeros"`` keeps the nonzero ones, whatever the level):
 
 - ``"random"``: weights chosen uniformly at random (torch's default generator, so

@@ -8,6 +8,7 @@ class RigL(SET):
     """RigL (Evci et al., 2020): as `SET`, but the connections regrown are the pruned ones
     with the largest gradient magnitude, the gradient being the dense one of this step
     (before the mask was applied to it). ``drop_fraction`` and ``update`` as for `SET`.
+    A connection dropped this step may be regrown (it keeps its weight).
 
     ``balance_in_groups`` / ``balance_out_groups`` (balancing the regrowth over groups of
     rows or columns) are not supported and must be left None.

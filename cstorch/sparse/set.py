@@ -12,9 +12,11 @@ class SET(DynamicSparsityAlgorithm):
     connections at random among the pruned ones, so the sparsity level holds.
 
     ``drop_fraction`` is a number or a schedule (``{"type": "cosine", "init": 0.3,
-    "half_period": ...}`` anneals it). The number dropped is ``round(drop_fraction * k)``,
-    k the number of weights the level keeps. Regrown connections start at zero (they were
-    pruned, so their weights and optimizer state are zero). The random choice is a hash of
+    "half_period": ...}`` anneals it). Of the k weights the level keeps, ``floor((1 -
+    drop_fraction) * k)`` stay (14 of 44 are dropped at 0.3, as in the reference); as many
+    as were dropped are regrown among the connections not kept (a connection dropped this
+    step may be regrown, and keeps its weight).
+    Regrown connections that were pruned start at zero. The random choice is a hash of
     (parameter name, step, element), so eager and traced runs regrow alike.
     """
 
@@ -26,17 +28,21 @@ class SET(DynamicSparsityAlgorithm):
         super().__init__(**kwargs)
 
     def regrow_score(self, p, mask, name):
-        """The score of each pruned connection (higher regrows first), >= 0."""
+        """The score of each connection for regrowth (higher regrows first), >= 0."""
         return hash_uniform(tuple(p.shape), name_seed(name or ""), self.step)
 
-    def update_mask(self, p, mask, sparsity, name=None):
+    def drop_score(self, p, mask):
+        """The score of each kept connection for keeping (lower drops first): the
+        weight's magnitude after this step."""
+        return p.abs()
+
+    def update_mask(self, p, mask, sparsity):
         k = keep_count(p.numel(), sparsity)
         fraction = torch.clamp(self.drop_fraction(self.step), 0.0, 1.0)
-        n_drop = torch.round(fraction * k)
-        magnitude = p.abs().to(torch.float32)
+        n_drop = k - keep_count(k, fraction)
+        magnitude = self.drop_score(p, mask).to(torch.float32)
         kept = top_ranked(torch.where(mask, magnitude, torch.full_like(magnitude, -1.0)),
                           k - n_drop)
-        score = torch.where(mask, torch.full_like(magnitude, -1.0),
-                            self.regrow_score(p, mask, name).to(torch.float32))
-        grown = top_ranked(torch.where(kept, torch.full_like(magnitude, -2.0), score), n_drop)
+        score = self.regrow_score(p, mask, self.current_param_name).to(torch.float32)
+        grown = top_ranked(torch.where(kept, torch.full_like(magnitude, -1.0), score), n_drop)
         return kept | grown

@@ -65,6 +65,11 @@ class Exp(HyperParameterSchedule):
     def __init__(self, init: float, gamma: float, final: float = 1.0):
         self.init, self.gamma, self.final = float(init), float(gamma), float(final)
 
+    @property
+    def scale(self) -> float:
+        """How far the schedule travels: ``final - init``."""
+        return self.final - self.init
+
     def compute(self, step):
         return self.final + (self.init - self.final) * torch.exp(-self.gamma * step)
 
@@ -88,6 +93,21 @@ class Cosine(HyperParameterSchedule):
         if half_period <= 0:
             raise ValueError(f"Cosine's half_period must be positive, got {half_period}")
         self.init, self.half_period, self.minimum = float(init), float(half_period), float(minimum)
+
+    @property
+    def amp(self) -> float:
+        """The cosine's amplitude, ``(init - minimum) / 2``."""
+        return (self.init - self.minimum) / 2
+
+    @property
+    def offset(self) -> float:
+        """The value the cosine swings around, ``minimum + amp``."""
+        return self.minimum + self.amp
+
+    @property
+    def freq(self) -> float:
+        """The angular frequency per step, ``pi / half_period``."""
+        return math.pi / self.half_period
 
     def compute(self, step):
         cos = torch.cos(math.pi * step / self.half_period)
@@ -263,10 +283,11 @@ def make_update_schedule(update) -> UpdateSchedule:
 
 
 def keep_count(numel: int, sparsity) -> torch.Tensor:
-    """How many of `numel` elements a `sparsity` level keeps: ``numel - round(sparsity *
-    numel)``, as a float32 tensor (the level clamped to [0, 1])."""
+    """How many of `numel` elements a `sparsity` level keeps: ``floor((1 - sparsity) *
+    numel)`` in float32 arithmetic, as the reference (44 of 64 at 0.3), as a float32
+    tensor (the level clamped to [0, 1])."""
     sparsity = torch.as_tensor(sparsity, dtype=torch.float32)
-    return numel - torch.round(torch.clamp(sparsity, 0.0, 1.0) * numel)
+    return torch.floor((1 - torch.clamp(sparsity, 0.0, 1.0)) * numel)
 
 
 def top_ranked(score: torch.Tensor, k) -> torch.Tensor:

@@ -53,7 +53,7 @@ def test_bfloat16_autocast_in_a_traced_step_follows_torch(how):
     model = _model()
     reference = copy.deepcopy(model)
     want = _eager(reference)
-    saved = cstorch.amp.get_half_dtype_str()
+    saved = cstorch.amp.get_half_dtype_str(), cstorch.amp.mixed_precision()
     cstorch.amp.set_half_dtype("bfloat16")
     try:
         if how == "backend":
@@ -67,7 +67,8 @@ def test_bfloat16_autocast_in_a_traced_step_follows_torch(how):
                     return compiled(x)
             got = _train(model, forward)
     finally:
-        cstorch.amp.set_half_dtype(saved)
+        cstorch.amp.set_half_dtype(saved[0])
+        cstorch.amp.enable_mixed_precision(saved[1])   # set_half_dtype switched it on
     assert [d for _, d in got] == [d for _, d in want] == [torch.bfloat16] * 3
     # bfloat16 matmuls: XLA and torch's CPU kernels accumulate differently
     np.testing.assert_allclose([v for v, _ in got], [v for v, _ in want], rtol=1e-2)
