@@ -59,6 +59,11 @@ class Absent(jax.ShapeDtypeStruct):
         return self.host_value
 
 
+# Called before any device value is read on the host: what a caller checks once a step
+# has run (cstorch's index checks) is raised there, before the value is seen.
+host_read_hooks: list = []
+
+
 class Cell:
     """The mutable holder of one device value. `dtype` is the torch dtype the value has
     on the torch side (int64 for an array JAX holds as int32). The value is item `index`
@@ -81,6 +86,8 @@ class Cell:
     def host(self) -> torch.Tensor:
         """The value on the host. It may share memory with the device array: never write
         to it."""
+        for hook in host_read_hooks:
+            hook()
         array = self.array
         if isinstance(array, Absent):
             return array.read()
@@ -279,6 +286,8 @@ class DeviceTensor(HostReads, torch.Tensor):
     # host access without the dispatcher ---------------------------------------------
     def item(self):
         if not self.view_ops and not isinstance(self.cell.array, Absent):
+            for hook in host_read_hooks:
+                hook()
             return self.cell.array.item()
         return self.host_view().item()
 

@@ -31,3 +31,9 @@ class TensorValueReadError(CaptureError):
 
 class DataDependentShapeError(CaptureError, NotImplementedError):
     """An op's output shape depends on tensor values, which a compiled XLA program cannot have."""
+
+
+class IndexOutOfRangeError(IndexError, RuntimeError):
+    """A step was given an index out of its tensor's range (a class target, an embedding
+    id, a gather index), which eager PyTorch refuses with an IndexError or a
+    RuntimeError: this is both."""

@@ -16,6 +16,7 @@ from torch._ops import OpOverload
 
 from bridge.convert import tensor_to_jax, to_jax_dtype
 from bridge.errors import GRADIENT_OF, LoweringError
+from bridge.index_checks import bounds as index_bounds
 from bridge.ops import LOWERINGS
 from bridge.ops.random import key_stream
 from bridge.precision import matmul_policy
@@ -42,22 +43,33 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
-def user_location(node: fx.Node) -> str | None:
-    """``file:line`` of the innermost frame outside torch that made `node` (for a
-    gradient op, the line of the forward op it differentiates)."""
+def user_frame(node: fx.Node) -> tuple[str, str] | None:
+    """(path, line) of the innermost frame outside torch that made `node` (for a gradient
+    op, the line of the forward op it differentiates)."""
     frames = _FRAME.findall(node.meta.get("stack_trace") or "")
     for path, line in reversed(frames):
         if not path.startswith(_TORCH_DIR):
-            return f"{os.path.basename(path)}:{line}"
+            return path, line
     return None
+
+
+def user_location(node: fx.Node) -> str | None:
+    """``file:line`` of `user_frame`."""
+    frame = user_frame(node)
+    return None if frame is None else f"{os.path.basename(frame[0])}:{frame[1]}"
+
+
+def op_name(node: fx.Node) -> str:
+    """The node's ATen op as `aten.gather.default`."""
+    target = node.target
+    return f"{target._schema.name.replace('::', '.')}.{target._overloadname}" \
+        if isinstance(target, OpOverload) else getattr(target, "__name__", str(target))
 
 
 def scope_name(node: fx.Node) -> str:
     """The name an op's JAX ops are grouped under: its ATen op and the user's line, so the
     StableHLO, the optimised HLO and profiles point at model code."""
-    target = node.target
-    name = f"{target._schema.name.replace('::', '.')}.{target._overloadname}" \
-        if isinstance(target, OpOverload) else getattr(target, "__name__", str(target))
+    name = op_name(node)
     where = user_location(node)
     # '/' separates JAX scopes; a name keeps to one level.
     own = (f"{name} {where}" if where else name).replace("/", "|")
@@ -101,10 +113,11 @@ def _cast_like_meta(node, result):
 
 class Lowered:
     """What `lower` returns: callable as the JAX function; `checked` lists the ops whose
-    results a finite check covers, in the order of its flags."""
+    results a finite check covers, in the order of its flags; `index_checks` the index
+    arguments whose bounds the last output holds (filled when the function is traced)."""
 
-    def __init__(self, run, checked):
-        self.run, self.checked = run, checked
+    def __init__(self, run, checked, index_checks=None):
+        self.run, self.checked, self.index_checks = run, checked, index_checks
 
     def __call__(self, *inputs, key=None):
         return self.run(*inputs, key=key)
@@ -114,7 +127,7 @@ def _all_finite(value):
     return jnp.all(jnp.isfinite(value)) if jnp.issubdtype(value.dtype, jnp.inexact) else None
 
 
-def lower(gm: fx.GraphModule, check_finite: bool = False) -> Lowered:
+def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = False) -> Lowered:
     """The JAX function of `gm`: ``fn(*flat_inputs, key=None) -> list of outputs``.
 
     `key` is the PRNG key random ops draw from, or a function that makes it (called only
@@ -126,6 +139,9 @@ def lower(gm: fx.GraphModule, check_finite: bool = False) -> Lowered:
     and convolution is computed at JAX's highest precision, float32 on every platform.
     With `check_finite`, one more output: a bool vector saying, per floating input and
     op result (`Lowered.checked` names them), whether all its values are finite.
+    With `check_indices`, one more output after that: an int32 array of shape (n, 2), the
+    smallest and largest index each op that takes indices was given
+    (`Lowered.index_checks` holds the n `bridge.index_checks.IndexCheck`s, in order).
     """
     check_lowerable(gm)
     constants = {}
@@ -144,8 +160,12 @@ def lower(gm: fx.GraphModule, check_finite: bool = False) -> Lowered:
         if node.op == "call_function" and node.target is not operator.getitem:
             checked.append((node, scopes[node]))
 
+    index_checks: list = []
+
     def run(*inputs, key=None):
         env = {}
+        index_checks.clear()
+        index_values = []
         args_iter = iter(inputs)
         # Products that a lowering leaves at JAX's default precision are float32 on a CPU
         # but TF32 on recent NVIDIA GPUs (a 1e-3 error); eager computes them in float32.
@@ -169,14 +189,23 @@ def lower(gm: fx.GraphModule, check_finite: bool = False) -> Lowered:
                             env[node] = args[1]
                         else:
                             env[node] = _cast_like_meta(node, LOWERINGS[node.target](*args, **kwargs))
+                        if check_indices:
+                            found, values = index_bounds(node, args, kwargs, op_name(node),
+                                                         user_frame(node))
+                            index_checks.extend(found)
+                            index_values.extend(values)
                 elif node.op == "output":
                     outs = list(fx.node.map_arg(node.args[0], env.__getitem__))
                     if check_finite:
                         outs.append(_finite_flags(checked, env))
+                    if check_indices:
+                        outs.append(jnp.stack(index_values) if index_values
+                                    else jnp.zeros((0, 2), jnp.int32))
                     return outs
                 else:
                     raise NotImplementedError(f"FX node kind {node.op!r} is not supported")
-    return Lowered(run, [where for _, where in checked] if check_finite else None)
+    return Lowered(run, [where for _, where in checked] if check_finite else None,
+                   index_checks if check_indices else None)
 
 
 def _finite_flags(checked, env):

@@ -72,6 +72,11 @@ def _bool(name, value):
         raise TypeError(f"{name} must be a bool, got {value!r}")
 
 
+def _optional_bool(name, value):
+    if value is not None:
+        _bool(name, value)
+
+
 def _optimization_level(name, value):
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 3:
         raise ValueError(f"{name} must be an integer in range [0, 3), got {value!r}")
@@ -188,6 +193,12 @@ class Debug(_FlagGroup):
 
     - `retrace_every_iteration` (default False): capture the step again on every call,
       and log what changed when its graph differs from the last one.
+    - `check_indices` (default None: on for CPU and GPU backends, off on CSX, as on the
+      wafer): the compiled step also computes the range of every index argument (class
+      targets, embedding ids, gather and scatter indices, indexing), and an index out of
+      range raises an `IndexError` naming the op and the line of model code, as eager
+      PyTorch would (`cstorch.tracing.index_check`). True or False sets it on every
+      backend.
     - `check_finite` (default False; every backend, not only CSX): after each step, raise
       a `FloatingPointError` naming the first ATen op, with the line of model code that made
       it, whose result has a NaN or Inf. Costs a check per op; for debugging.
@@ -214,6 +225,7 @@ class Debug(_FlagGroup):
     _flags = {
         "retrace_every_iteration": (False, _bool),
         "check_finite": (False, _bool),
+        "check_indices": (None, _optional_bool),
         "lazy_initialization": (True, _bool),
         "debug_args": (DebugArgs(), _debug_args),
         "ini": (None, None),

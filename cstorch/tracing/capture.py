@@ -36,7 +36,7 @@ from cstorch.backends import csx
 from cstorch.distributed.batch_norm import PerProcessBatchNorm
 from cstorch.metrics.metric import Metric
 from cstorch.optim.optimizer import Optimizer
-from cstorch.tracing import hooks, micro_batch, python_values
+from cstorch.tracing import hooks, index_check, micro_batch, python_values
 from cstorch.tracing.cumulative_batch_norm import cumulative_batch_norm
 from cstorch.tracing.arguments import Call, Results
 
@@ -98,6 +98,9 @@ class Program:
     micro_batch_size: int | None = None   # None: the batch runs whole
     explored: Any = None      # micro_batch.ExploreResult of an "explore" program, which trains nothing
     finite_check: Any = None  # what each flag of the last output covers (debug.check_finite)
+    # With debug.check_indices: the bridge.index_checks.IndexCheck each row of the last
+    # output (after the finite flags) covers.
+    index_checks: Any = None
     unread_grads: frozenset = frozenset()   # positions in grad_inputs the program never reads
     # An unread gradient input still needs an array of its shape: the first one passed is
     # kept and passed again, instead of slicing the pending gradient out every call.
@@ -515,8 +518,12 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
         warnings.warn("cstorch.backends.csx.debug.check_finite does not cover micro-batched "
                       "steps; set micro_batch_size=None to find where a NaN or Inf starts",
                       stacklevel=2)
+    check_indices = index_check.enabled(backend)
+    if check_indices and micro is not None and csx.debug.check_indices:
+        warnings.warn("cstorch.backends.csx.debug.check_indices does not cover micro-batched "
+                      "steps; set micro_batch_size=None to check their indices", stacklevel=2)
     if micro is None:
-        lowered = bridge.lower(graph, check_finite=check_finite)
+        lowered = bridge.lower(graph, check_finite=check_finite, check_indices=check_indices)
     else:
         lowered = micro.lower(graph, n, len(shapes) - len(tensors), backend.mesh)
         info["shapes"] = micro.output_shapes(info["shapes"], n + len(info["grad_out"]))
@@ -561,7 +568,9 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                    python_values=_python_values(step_fn, state.named_modules()),
                    hooks=hooks.Hooks((m for _, m in state.named_modules()), params.values(),
                                      backend.optimizers),
-                   finite_check=getattr(lowered, "checked", None) if check_finite else None)
+                   finite_check=getattr(lowered, "checked", None) if check_finite else None,
+                   index_checks=lowered.index_checks if micro is None and check_indices
+                   else None)
 
 
 # XLA copies a donated state array that is read after its new value could be made (a

@@ -29,7 +29,7 @@ from cstorch.backend import current_backend_impl
 from cstorch.backends import csx
 from cstorch.distributed.process_group import global_inputs
 from cstorch.optim.optimizer import group_writes
-from cstorch.tracing import micro_batch, python_values
+from cstorch.tracing import index_check, micro_batch, python_values
 from cstorch.tracing.arguments import fingerprint, split_call
 from cstorch.tracing.changes import describe_graph_change, describe_key_change
 from cstorch.tracing.capture import Program, capture_program, capturing
@@ -125,7 +125,7 @@ class TracedStep:
         static, values = self._groups(backend)
         key = (call.key, state.version, tuple([m.training for m in state.modules()]),
                state.requires_grad_key(), static, micro_batch.key(backend, self.name),
-               backend.precision_level, csx.debug.check_finite,
+               backend.precision_level, csx.debug.check_finite, index_check.enabled(backend),
                # torch's own settings the capture follows, as eager PyTorch would
                (torch.get_default_dtype(),
                 torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")))
@@ -302,6 +302,7 @@ class TracedStep:
             return self._not_executed(program, backend)
         if backend.drops_data == "drop_data" and state.complete_at != state.version:
             _check_values(state)
+        index_check.raise_pending(wait=False, keep=index_check._LAG)
         if program.unread_grads:
             grads_in = _grad_arguments(state, program)
         else:
@@ -318,6 +319,9 @@ class TracedStep:
             inputs, self._rng(backend) if program.uses_rng else self._no_rng(backend))
         state.arrays_list[:] = new_state
         backend.step_count += 1
+        if program.index_checks is not None:
+            outs = list(outs)
+            index_check.note(outs.pop(), program.index_checks, self.name, backend.step_count)
         if program.finite_check is not None:
             outs = list(outs)
             _report_non_finite(outs.pop(), program)
@@ -329,6 +333,7 @@ class TracedStep:
         for k, cell in program.held_results:
             values[k] = _held_tensor(state, cell)
         if program.closures:
+            index_check.raise_pending()   # closures wait for the step's values anyway
             self._run_closures(program, values[len(program.results.positions):])
         results = program.results.rebuild(values)
         note_step_output(results)
@@ -500,7 +505,8 @@ class JaxStep:
             grads = [unpack((grads[f], offset, shape)) for f, offset, shape in p.grad_layout]
         result.update({f"{names[i]}.grad": g for i, g in zip(p.grad_outputs, grads)})
         result.update({n: state[n] for n in hyper_names})
-        return result, outs
+        checks = (p.finite_check is not None) + (p.index_checks is not None)
+        return result, outs[:len(outs) - checks]
 
     @property
     def args(self):
