@@ -52,6 +52,21 @@ def linear_cross_entropy_chunked(x, linear_weight, target, linear_bias, weight, 
             gb if compute_linear_bias_grad else empty((0,)))
 
 
+def linear_cross_entropy_per_sample(x, linear_weight, target, linear_bias, weight,
+                                    ignore_index, batch_chunk_size, acc_policy, acc_dtype):
+    """`F.linear_cross_entropy(..., reduction='none')`: each sample's weighted negative
+    log-likelihood, 0 where the target is ignored. Its backward runs as ATen ops."""
+    logits = x @ linear_weight.T
+    if linear_bias is not None:
+        logits = logits + linear_bias
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    keep = target != ignore_index
+    safe = jnp.where(keep, target, 0).astype(jnp.int32)
+    w_t = 1.0 if weight is None else weight.astype(logp.dtype)[safe]
+    nll = -jnp.take_along_axis(logp, safe[..., None], axis=-1)[..., 0] * w_t
+    return jnp.where(keep, nll, 0).astype(x.dtype)
+
+
 def _frames(x, reduction):
     """(frames, classes) of a margin loss's input, which is 0-d, (C,) or (N, C), and the
     factor ATen's backward scales each term by: 1 / classes, and 1 / frames more for a
@@ -141,5 +156,7 @@ try:  # the op is registered when its module is imported; older torch has no suc
     import torch.nn.modules.linear_cross_entropy  # noqa: F401
     lowering(torch.ops.torch_nn._linear_cross_entropy_batch_chunked.default)(
         linear_cross_entropy_chunked)
+    lowering(torch.ops.torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default)(
+        linear_cross_entropy_per_sample)
 except (ImportError, AttributeError):
     pass

@@ -181,6 +181,17 @@ def as_strided(x, size, stride, storage_offset=None):
     return flat[index]
 
 
+@lowering(aten.as_strided_scatter.default, torch.ops.prims.as_strided_scatter.default)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """`x` with the elements of its strided view (over `x`'s elements in order, as
+    `as_strided` reads them) replaced by `src`; overlapping positions take the last write."""
+    flat = x.reshape(-1)
+    index = jnp.asarray(storage_offset or 0)
+    for n, s in zip(size, stride):
+        index = index[..., None] + jnp.arange(n) * s
+    return flat.at[index.reshape(-1)].set(src.reshape(-1).astype(x.dtype)).reshape(x.shape)
+
+
 @lowering(aten.unfold.default, aten.unfold_copy.default)
 def unfold(x, dim, size, step):
     if x.ndim == 0:

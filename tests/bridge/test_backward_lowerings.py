@@ -242,3 +242,35 @@ def test_cpu_flash_attention_with_dropout_is_refused():
     lower = LOWERINGS[aten._scaled_dot_product_flash_attention_for_cpu.default]
     with pytest.raises(NotImplementedError, match="dropout_p=0.1.*math path"):
         lower(*(bridge.tensor_to_jax(t) for t in (q, k, v)), 0.1)
+
+
+def test_as_strided_partial_view_backward_scatters_into_the_strided_positions():
+    """The gradient of an overlapping strided view is prims::as_strided_scatter, which
+    had no lowering (the OpInfo entry as_strided.partial_views was excluded over it)."""
+    def fn(x):
+        return torch.as_strided(x, (3, 2), (2, 1), 1) * torch.arange(6.0).reshape(3, 2)
+
+    _check(fn, [_randn(4, 3)], [True])
+
+
+def test_as_strided_scatter_writes_the_view_and_keeps_the_rest():
+    x, src = _randn(4, 3), _randn(2, 2, seed=1)
+    _check(lambda x, s: torch.as_strided_scatter(x, s, (2, 2), (3, 1), 2), [x, src],
+           [True, True])
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_per_sample_linear_cross_entropy_and_its_gradients(weighted):
+    """reduction='none' is its own op (torch_nn::_linear_cross_entropy_batch_chunked_no_
+    reduction), which had no lowering; an ignored target's loss is 0."""
+    target = torch.tensor([0, 4, 2, 3, 1, 4])
+    class_weight = torch.rand(5, generator=torch.Generator().manual_seed(3)) + 0.5
+
+    def fn(x, w, b):
+        return F.linear_cross_entropy(x, w, target, linear_bias=b, reduction="none",
+                                      ignore_index=3,
+                                      weight=class_weight if weighted else None,
+                                      options=torch.nn.LinearCrossEntropyOptions(
+                                          batch_chunk_size=2))
+
+    _check(fn, [_randn(6, 7), _randn(5, 7, seed=1), _randn(5, seed=2)], [True, True, True])
