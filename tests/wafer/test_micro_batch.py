@@ -395,3 +395,19 @@ def test_gpt_explore_on_the_2x4_wafer_prints_three_candidates_and_trains_nothing
     assert "micro_batch_size explore for training_step" in out and "best:" in out
     assert r["identical"]
     print(json.dumps(r))
+
+
+def test_each_micro_batch_draws_its_own_dropout_mask(tmp_path):
+    """Random ops draw from fold_in(step key, i) in micro-batch i: with one key shared, the
+    two halves of the batch below would get the very same mask."""
+    model = nn.Sequential(nn.Linear(6, 64), nn.Dropout(0.5))
+    torch.manual_seed(0)
+    backend, training_step = _setup(model, tmp_path)
+    csx.performance.micro_batch_size = 2
+    x = torch.randn(2, 6).repeat(2, 1)   # micro-batch 1 holds the same rows as micro-batch 0
+    _, out = training_step(x, torch.zeros(4, dtype=torch.long))
+    assert training_step.programs and next(iter(training_step.programs.values()))[0] \
+        .micro_batch_size == 2
+    kept_first, kept_second = out[:2] != 0, out[2:] != 0
+    assert 0.3 < kept_first.float().mean() < 0.7   # dropout did run
+    assert not torch.equal(kept_first, kept_second)
