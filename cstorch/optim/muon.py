@@ -46,7 +46,7 @@ class Muon(U.ElementwiseOptimizer):
 
     coupled_weight_decay = False
 
-    def __init__(self, params: ParamsT, lr=0.02, weight_decay=0.01, momentum=0.95,
+    def __init__(self, params: ParamsT, lr: float = 0.02, weight_decay=0.01, momentum=0.95,
                  nesterov=True, ns_steps=5):
         U.check("learning rate", lr)
         U.check("weight_decay value", weight_decay)

@@ -25,6 +25,9 @@ class Optimizer(torch.optim.Optimizer, ABC):
     ordinary torch ops, which run eagerly or inside a traced step alike. In a traced step,
     nonzero float hyperparameters (lr, momentum, each of the betas, ...) are 0-d tensors,
     so that changing them between steps reuses the compiled program.
+
+    With ``enable_global_step=True`` each parameter's state also holds a float32 ``step``
+    (after what `preinitialize` created), which `increment_global_step` advances.
     """
 
     def __init__(self, params, defaults, enable_global_step=False):
