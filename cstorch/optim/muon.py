@@ -5,8 +5,8 @@ from cstorch.optim import _update as U
 from cstorch.optim.optimizer import ParamsT
 
 # The quintic Newton-Schulz iteration of the Muon write-up: coefficients chosen for the
-# largest slope at zero, so a few steps push every singular value near 1 (into about
-# [0.7, 1.2], not exactly 1), which is all the update needs.
+# largest slope at zero, so a few steps push every singular value near 1 (roughly
+# into [0.5, 1.5], not exactly 1), which is all the update needs.
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
 
