@@ -14,10 +14,12 @@ from cstorch.optim.radam import RAdam
 from cstorch.optim.rmsprop import RMSprop
 from cstorch.optim.rprop import Rprop
 from cstorch.optim.adafactor import Adafactor
+from cstorch.optim.muon import Muon
+from cstorch.optim import AdamBase  # noqa: F401  (a submodule, as in the real package)
 from cstorch.optim import scheduler
 from cstorch.optim import lr_scheduler
 from cstorch.optim import weight_decay_scheduler
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Adamax", "Adadelta", "Adagrad", "ASGD", "Lamb",
-           "Lion", "NAdam", "RAdam", "RMSprop", "Rprop", "Adafactor", "scheduler", "lr_scheduler",
+           "Lion", "NAdam", "RAdam", "RMSprop", "Rprop", "Adafactor", "Muon", "scheduler", "lr_scheduler",
            "weight_decay_scheduler"]

@@ -43,6 +43,15 @@ def one_minus(x):
     return 1 - x
 
 
+def one_minus_f32(x):
+    """``1 - x`` rounded as float32 arithmetic rounds it (``1 - float32(0.999)`` is off by
+    1.3e-5 relative): the complement some of the real package's optimizers use, which
+    their recorded state follows."""
+    if isinstance(x, torch.Tensor):
+        return 1 - x
+    return float(1 - torch.tensor(x, dtype=torch.float32))
+
+
 def is_set(x) -> bool:
     """Whether hyperparameter `x` takes effect: always for a tensor (its value may be a
     traced one, and a zero hyperparameter would have stayed a number), else ``x != 0``."""
@@ -116,14 +125,16 @@ def decay_weights(p, lr, weight_decay):
         p.mul_(1 - lr * weight_decay)
 
 
-def ema_(avg, value, beta):
-    """``avg = beta * avg + (1 - beta) * value`` in place."""
-    add_scaled_(avg.mul_(beta), value, one_minus(beta))
+def ema_(avg, value, beta, complement=one_minus):
+    """``avg = beta * avg + (1 - beta) * value`` in place, ``1 - beta`` as `complement`
+    gives it."""
+    add_scaled_(avg.mul_(beta), value, complement(beta))
 
 
-def ema_sq_(avg, value, beta):
-    """``avg = beta * avg + (1 - beta) * value**2`` in place."""
-    add_product_(avg.mul_(beta), value, value, one_minus(beta))
+def ema_sq_(avg, value, beta, complement=one_minus):
+    """``avg = beta * avg + (1 - beta) * value**2`` in place, ``1 - beta`` as
+    `complement` gives it."""
+    add_product_(avg.mul_(beta), value, value, complement(beta))
 
 
 def check(name, value, low=0.0, high=None, strict_high=False):
@@ -282,5 +293,7 @@ class ElementwiseOptimizer(Optimizer):
                 grads = torch._foreach_neg(grads)
             if self.coupled_weight_decay:
                 grads = l2_regularize_all(grads, params, group.get("weight_decay", 0.0))
-            self.update_group(params, grads, group, [self.state[p] for p in params])
+            # .get: a step adds no empty entry for a stateless rule (the real SGD's
+            # state_dict stays empty)
+            self.update_group(params, grads, group, [self.state.get(p, {}) for p in params])
         return loss

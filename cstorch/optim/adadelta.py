@@ -8,7 +8,7 @@ from cstorch.optim.optimizer import ParamsT
 class Adadelta(U.ElementwiseOptimizer):
     """Adadelta; ``weight_decay`` is L2 regularisation of the gradient, ``lr`` scales the delta."""
 
-    def __init__(self, params: ParamsT, lr: float = 1.0, rho=0.9, eps=1e-6, weight_decay=0.0,
+    def __init__(self, params: ParamsT, lr: float = 1.0, rho=0.9, eps=1e-06, weight_decay=0,
                  maximize=False):
         U.check("learning rate", lr)
         U.check("rho value", rho, high=1.0)

@@ -23,7 +23,7 @@ class Adafactor(U.ElementwiseOptimizer):
 
     coupled_weight_decay = False
 
-    def __init__(self, params: ParamsT, lr: Optional[float] = None, eps=(1e-30, 1e-3),
+    def __init__(self, params: ParamsT, lr: Optional[float], eps=(1e-30, 0.001),
                  clip_threshold=1.0, decay_rate=-0.8, beta1=None, weight_decay=0.0,
                  scale_parameter=True, relative_step=False, warmup_init=False):
         if lr is not None and relative_step:
@@ -36,7 +36,7 @@ class Adafactor(U.ElementwiseOptimizer):
                                       warmup_init=warmup_init))
 
     def init_state(self, p, group):
-        state = {"step": U.counter()}
+        state = {}
         if group["beta1"] is not None:
             state["exp_avg"] = torch.zeros_like(p)
         if p.dim() >= 2:
@@ -44,6 +44,7 @@ class Adafactor(U.ElementwiseOptimizer):
             state["exp_avg_sq_col"] = torch.zeros(p.shape[:-2] + p.shape[-1:], dtype=p.dtype)
         else:
             state["exp_avg_sq"] = torch.zeros_like(p)
+        state["step"] = U.counter()
         return state
 
     def _step_size(self, p, group, step):

@@ -11,20 +11,20 @@ class Adagrad(U.ElementwiseOptimizer):
     per-parameter tensor counter.
     """
 
-    def __init__(self, params: ParamsT, lr: float = 1e-2, lr_decay=0.0, weight_decay=0.0,
-                 initial_accumulator_value=0.0, eps=1e-10, maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 0.01, lr_decay=0, weight_decay=0,
+                 initial_accumulator_value=0, eps=1e-06, maximize=False):
         U.check("learning rate", lr)
         U.check("lr_decay value", lr_decay)
         U.check("weight_decay value", weight_decay)
         U.check("initial_accumulator_value", initial_accumulator_value)
         U.check("epsilon value", eps)
-        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
-                                      initial_accumulator_value=initial_accumulator_value, eps=eps,
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
+                                      initial_accumulator_value=initial_accumulator_value,
                                       maximize=maximize))
 
     def init_state(self, p, group):
-        return {"step": U.counter(),
-                "sum": U.full_like(p, group["initial_accumulator_value"])}
+        return {"sum": U.full_like(p, group["initial_accumulator_value"]),
+                "step": U.counter()}
 
     def update(self, p, grad, group, state):
         state["step"].add_(1)

@@ -1,81 +1,43 @@
-"""`cstorch.optim.Adam` and the update it shares with AdamW."""
-import torch
-
+"""`cstorch.optim.Adam`: Adam whose weight decay is L2 regularisation of the gradient."""
 from cstorch.optim import _update as U
+from cstorch.optim.AdamBase import AdamBase
 from cstorch.optim.optimizer import ParamsT
-
-
-class AdamBase(U.ElementwiseOptimizer):
-    """Adam's moment estimates with two kinds of weight decay.
-
-    ``l2_regularization_rate`` adds ``rate * p`` to the gradient (classic Adam);
-    ``weight_decay`` shrinks the parameter by ``1 - lr * weight_decay`` before the Adam
-    update (AdamW). With ``correct_bias`` each
-    parameter keeps the running powers ``beta1_power``/``beta2_power`` (tensors, so a traced
-    step advances them) and the step size is ``lr * sqrt(1 - beta2^t) / (1 - beta1^t)``.
-    """
-
-    coupled_weight_decay = False
-
-    def __init__(self, params: ParamsT, lr: float = 1e-3, betas=(0.9, 0.999), eps=1e-6,
-                 weight_decay=0.0, l2_regularization_rate=0.0, correct_bias=True, amsgrad=False):
-        U.check("learning rate", lr)
-        U.check("epsilon value", eps)
-        U.check_betas(betas)
-        U.check("weight_decay value", weight_decay)
-        U.check("l2_regularization_rate value", l2_regularization_rate)
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        l2_regularization_rate=l2_regularization_rate, correct_bias=correct_bias,
-                        amsgrad=amsgrad)
-        super().__init__(params, defaults)
-
-    def init_state(self, p, group):
-        state = {}
-        if group["correct_bias"]:
-            state["beta1_power"] = torch.tensor(1.0)
-            state["beta2_power"] = torch.tensor(1.0)
-        state["exp_avg"] = torch.zeros_like(p)
-        state["exp_avg_sq"] = torch.zeros_like(p)
-        if group["amsgrad"]:
-            state["max_exp_avg_sq"] = torch.zeros_like(p)
-        return state
-
-    def update_group(self, params, grads, group, states):
-        beta1, beta2 = group["betas"]
-        lr = group["lr"]
-        grads = U.l2_regularize_all(grads, params, group["l2_regularization_rate"])
-        exp_avgs = [state["exp_avg"] for state in states]
-        U.ema_all_(exp_avgs, grads, beta1)
-        second = [state["exp_avg_sq"] for state in states]
-        U.ema_sq_all_(second, grads, beta2)
-        if group["amsgrad"]:
-            highest = [state["max_exp_avg_sq"] for state in states]
-            torch._foreach_maximum_(highest, second)
-            second = highest
-        denom = torch._foreach_sqrt(second)
-        U.add_all_(denom, group["eps"])
-        step_size = lr
-        if group["correct_bias"]:
-            beta1_powers = [state["beta1_power"] for state in states]
-            beta2_powers = [state["beta2_power"] for state in states]
-            torch._foreach_mul_(beta1_powers, beta1)
-            torch._foreach_mul_(beta2_powers, beta2)
-            # lr * sqrt(1 - beta2^t) / (1 - beta1^t), one 0-d tensor per parameter
-            step_size = torch._foreach_sqrt(U.one_minus_all(beta2_powers))
-            torch._foreach_div_(step_size, U.one_minus_all(beta1_powers))
-            torch._foreach_mul_(step_size, lr)
-        U.decay_weights_all(params, lr, group["weight_decay"])
-        U.subtract_scaled_all(params, torch._foreach_div(exp_avgs, denom), step_size, scratch=True)
 
 
 class Adam(AdamBase):
     """Adam (Kingma & Ba) with L2 regularisation as ``weight_decay`` and optional AMSGrad.
 
-    Defaults follow the real package (``eps=1e-6``); the state holds ``beta1_power``,
-    ``beta2_power``, ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq`` with amsgrad).
+    Defaults follow the real package (``eps=1e-06``); the state holds ``exp_avg``,
+    ``exp_avg_sq`` (and ``max_exp_avg_sq`` with amsgrad), ``beta1_power`` and
+    ``beta2_power``. The param groups keep the rate as ``l2_regularization_rate`` and
+    ``weight_decay`` as 0.0 (`handle_weight_decay`).
     """
 
-    def __init__(self, params: ParamsT, lr: float = 1e-3, betas=(0.9, 0.999), eps=1e-6,
+    def __init__(self, params: ParamsT, lr: float = 0.001, betas=(0.9, 0.999), eps=1e-06,
                  weight_decay=0.0, amsgrad=False):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=0.0,
-                         l2_regularization_rate=weight_decay, correct_bias=True, amsgrad=amsgrad)
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         l2_regularization_rate=0.0, correct_bias=True, amsgrad=amsgrad)
+
+    def handle_weight_decay(self, param_groups):
+        """Move each group's ``weight_decay`` to ``l2_regularization_rate`` (Adam's weight
+        decay is an L2 term of the gradient) and leave ``weight_decay`` at 0.0, the
+        decoupled decay that Adam does not apply. A group that already keeps its rate
+        (one this class saved: ``weight_decay`` 0.0) keeps it."""
+        for group in param_groups:
+            rate = group.pop("weight_decay", 0.0)
+            if "l2_regularization_rate" not in group or U.is_set(rate):
+                group["l2_regularization_rate"] = rate
+            group["weight_decay"] = 0.0
+
+    def add_param_group(self, param_group):
+        # torch's constructor adds the given groups through here too
+        super().add_param_group(param_group)
+        self.handle_weight_decay(self.param_groups[-1:])
+
+    def load_state_dict(self, state_dict):
+        """Load a state dict; a ``weight_decay`` in its param groups (one saved by
+        `torch.optim.Adam`, say) becomes ``l2_regularization_rate``, as at construction."""
+        groups = [dict(group) for group in state_dict["param_groups"]]
+        self.handle_weight_decay(groups)
+        super().load_state_dict(dict(state_dict, param_groups=groups))
+

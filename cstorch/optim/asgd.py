@@ -9,8 +9,8 @@ class ASGD(U.ElementwiseOptimizer):
     """Averaged SGD. Each parameter keeps its step size ``eta``, averaging weight ``mu``,
     average ``ax`` and ``step`` as tensors; averaging starts after ``t0`` steps."""
 
-    def __init__(self, params: ParamsT, lr: float = 1e-2, lambd=1e-4, alpha=0.75, t0=1e6,
-                 weight_decay=0.0, maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 0.01, lambd=0.0001, alpha=0.75,
+                 t0=1000000.0, weight_decay=0, maximize=False):
         U.check("learning rate", lr)
         U.check("weight_decay value", weight_decay)
         super().__init__(params, dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0,
@@ -18,8 +18,8 @@ class ASGD(U.ElementwiseOptimizer):
 
     def init_state(self, p, group):
         lr = group["lr"]
-        return {"step": U.counter(), "eta": torch.as_tensor(lr, dtype=torch.float32).clone(),
-                "mu": torch.tensor(1.0), "ax": torch.zeros_like(p)}
+        return {"eta": torch.as_tensor(lr, dtype=torch.float32).clone(),
+                "mu": torch.tensor(1.0), "ax": torch.zeros_like(p), "step": U.counter()}
 
     def update(self, p, grad, group, state):
         lambd, alpha = group["lambd"], group["alpha"]

@@ -13,8 +13,8 @@ class Lamb(U.ElementwiseOptimizer):
 
     coupled_weight_decay = False
 
-    def __init__(self, params: ParamsT, lr: float = 1e-3, betas=(0.9, 0.999), eps=1e-6,
-                 weight_decay=0.0, adam=False):
+    def __init__(self, params: ParamsT, lr: float = 0.001, betas=(0.9, 0.999), eps=1e-06,
+                 weight_decay=0, adam=False):
         U.check("learning rate", lr)
         U.check("epsilon value", eps)
         U.check_betas(betas)

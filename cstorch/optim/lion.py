@@ -12,7 +12,7 @@ class Lion(U.ElementwiseOptimizer):
 
     coupled_weight_decay = False
 
-    def __init__(self, params: ParamsT, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay=0.0):
+    def __init__(self, params: ParamsT, lr: float = 0.0001, betas=(0.9, 0.99), weight_decay=0.0):
         U.check("learning rate", lr)
         U.check("beta parameter at index 0", betas[0], high=1.0)
         U.check("beta parameter at index 1", betas[1], high=1.0)

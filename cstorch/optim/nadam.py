@@ -14,8 +14,8 @@ class NAdam(U.ElementwiseOptimizer):
     what the real package's recorded trajectories follow.
     """
 
-    def __init__(self, params: ParamsT, lr: float = 2e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0.0, momentum_decay=4e-3):
+    def __init__(self, params: ParamsT, lr: float = 0.002, betas=(0.9, 0.999), eps=1e-08,
+                 weight_decay=0, momentum_decay=0.004):
         U.check("learning rate", lr)
         U.check("epsilon value", eps)
         U.check_betas(betas)
@@ -25,8 +25,8 @@ class NAdam(U.ElementwiseOptimizer):
                                       momentum_decay=momentum_decay))
 
     def init_state(self, p, group):
-        return {"step": U.counter(), "mu_product": torch.tensor(1.0),
-                "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+        return {"mu_product": torch.tensor(1.0), "exp_avg": torch.zeros_like(p),
+                "exp_avg_sq": torch.zeros_like(p), "step": U.counter()}
 
     def update(self, p, grad, group, state):
         beta1, beta2 = group["betas"]
@@ -36,7 +36,8 @@ class NAdam(U.ElementwiseOptimizer):
         mu_next = beta1 * (1 - 0.5 * torch.pow(0.96, (step + 1) * decay))
         mu_product = state["mu_product"].mul_(mu)
         U.ema_(state["exp_avg"], grad, beta1)
-        U.ema_sq_(state["exp_avg_sq"], grad, beta2)
+        # a float32 complement, as the real package's recorded second moment shows
+        U.ema_sq_(state["exp_avg_sq"], grad, beta2, U.one_minus_f32)
         denom = (state["exp_avg_sq"] / (1 - torch.pow(beta2, step))).sqrt() + group["eps"]
         U.subtract_scaled(p, grad / denom, U.scale((1 - mu) / (1 - mu_product), lr))
         U.subtract_scaled(p, state["exp_avg"] / denom,

@@ -8,10 +8,11 @@ every read and write reaches.
 """
 import contextlib
 from abc import ABC, abstractmethod
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 
 import torch
 from torch.optim.optimizer import ParamsT  # noqa: F401  (the params type, re-exported)
+from torch.utils.hooks import RemovableHandle
 
 from cstorch.backend import current_backend_impl
 
@@ -24,38 +25,101 @@ class Optimizer(torch.optim.Optimizer, ABC):
     ordinary torch ops, which run eagerly or inside a traced step alike. In a traced step,
     nonzero float hyperparameters (lr, momentum, each of the betas, ...) are 0-d tensors,
     so that changing them between steps reuses the compiled program.
+
+    With ``enable_global_step=True`` each parameter's state also holds a float32 ``step``
+    (after what `preinitialize` created), which `increment_global_step` advances.
     """
 
-    def __init__(self, params, defaults, enable_global_step: bool = False):
+    def __init__(self, params, defaults, enable_global_step=False):
         super().__init__(params, defaults)
         # Tensors that schedules of this optimizer keep (an LR scheduler's step counter):
         # device state like the optimizer's own, but outside its state_dict.
         self.schedule_state = _Notifying(self)
+        self._zero_grad_pre_hooks = OrderedDict()
+        self._zero_grad_post_hooks = OrderedDict()
         self.enable_global_step = enable_global_step
-        if enable_global_step:
-            for group in self.param_groups:
-                group["step"] = torch.tensor(0.0)
         with torch.no_grad():
             self.preinitialize()
+        self._add_global_steps()
         self._backend = current_backend_impl(create=True)
         self._backend.optimizers.append(self)
         self._prefix = ("optimizer" if len(self._backend.optimizers) == 1
                         else f"optimizer{len(self._backend.optimizers) - 1}")
         self._backend.state.refresh(initial=True)
 
+    def _add_global_steps(self):
+        """With `enable_global_step`, each parameter's state ends with its ``step``
+        counter (after what `preinitialize` created, as the real package orders it)."""
+        if not self.enable_global_step:
+            return
+        for group in self.param_groups:
+            for p in group["params"]:
+                if "step" not in self.state[p]:
+                    self.state[p]["step"] = torch.tensor(0.0)
+
     def apply(self, f):
         """Call ``f(self)``: how a sparsity algorithm takes hold of the optimizer
         (``optimizer.apply(sparsity)``, as ``model.apply(sparsity)`` does for the model)."""
         f(self)
 
-    def increment_global_step(self, group) -> torch.Tensor:
-        """Advance and return the param group's step counter (`enable_global_step=True`):
-        a tensor in the state, so a traced step advances it without re-capture."""
-        if "step" not in group:
-            raise RuntimeError("this optimizer keeps no global step; construct it with "
-                               "enable_global_step=True")
-        group["step"].add_(1)
-        return group["step"]
+    def increment_global_step(self, p) -> torch.Tensor:
+        """Advance parameter `p`'s global step by one and return it: a float32 tensor in
+        the optimizer state (`enable_global_step=True`), so a traced step advances it
+        without re-capture."""
+        step = self.state[p].get("step") if p in self.state else None
+        if step is None:
+            raise RuntimeError("this optimizer keeps no global step for the parameter; "
+                               "construct it with enable_global_step=True")
+        step.add_(1.0)
+        return step
+
+    def visit_state(self, fn):
+        """Call ``fn(value)`` on each value of the per-parameter state; a value that `fn`
+        returns (not None) replaces the one it was given."""
+        replaced = False
+        for state in self.state.values():
+            for key, value in list(state.items()):
+                new = fn(value)
+                if new is not None and new is not value:
+                    state[key] = new
+                    replaced = True
+        backend = self.__dict__.get("_backend")
+        if replaced and backend is not None:
+            backend.state.dirty = True
+
+    def register_zero_grad_pre_hook(self, hook) -> RemovableHandle:
+        """Register ``hook(optimizer, args, kwargs)``, called before each `zero_grad`. It
+        may return new ``(args, kwargs)`` for `zero_grad`. Returns a handle whose
+        ``remove()`` unregisters it."""
+        handle = RemovableHandle(self._zero_grad_pre_hooks)
+        self._zero_grad_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_zero_grad_post_hook(self, hook) -> RemovableHandle:
+        """Register ``hook(optimizer, args, kwargs)``, called after each `zero_grad`.
+        Returns a handle whose ``remove()`` unregisters it."""
+        handle = RemovableHandle(self._zero_grad_post_hooks)
+        self._zero_grad_post_hooks[handle.id] = hook
+        return handle
+
+    def zero_grad(self, *args, **kwargs):
+        """Reset the gradients (arguments as `torch.optim.Optimizer.zero_grad`'s), with the
+        registered zero_grad pre and post hooks around it."""
+        for hook in list(self.__dict__.get("_zero_grad_pre_hooks", {}).values()):
+            result = hook(self, args, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise RuntimeError(f"a zero_grad pre hook must return None or (args, kwargs), "
+                                       f"got {result!r}")
+                args, kwargs = result
+        super().zero_grad(*args, **kwargs)
+        for hook in list(self.__dict__.get("_zero_grad_post_hooks", {}).values()):
+            hook(self, args, kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        """The optimizer's state and param groups (arguments as
+        `torch.optim.Optimizer.state_dict`'s)."""
+        return super().state_dict(*args, **kwargs)
 
     @abstractmethod
     def preinitialize(self):
@@ -146,6 +210,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
         if backend is not None:
             with torch.no_grad():
                 self.preinitialize()
+            self._add_global_steps()
             backend.state.dirty = True
 
 

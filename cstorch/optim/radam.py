@@ -74,7 +74,7 @@ class RAdam(U.ElementwiseOptimizer):
     ``weight_decay`` is L2 regularisation of the gradient.
     """
 
-    def __init__(self, params: ParamsT, lr: float = 1e-3, betas=(0.9, 0.999), eps=1e-8,
+    def __init__(self, params: ParamsT, lr: float = 0.001, betas=(0.9, 0.999), eps=1e-06,
                  weight_decay=0.0):
         U.check("learning rate", lr)
         U.check("epsilon value", eps)
@@ -83,13 +83,15 @@ class RAdam(U.ElementwiseOptimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     def init_state(self, p, group):
-        return {"step": U.counter(), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+        return {"exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p),
+                "step": U.counter()}
 
     def update(self, p, grad, group, state):
         beta1, beta2 = group["betas"]
         step = state["step"].add_(1)
-        U.ema_(state["exp_avg"], grad, beta1)
-        U.ema_sq_(state["exp_avg_sq"], grad, beta2)
+        # float32 complements, as the real package's recorded moments show
+        U.ema_(state["exp_avg"], grad, beta1, U.one_minus_f32)
+        U.ema_sq_(state["exp_avg_sq"], grad, beta2, U.one_minus_f32)
         bias1 = 1 - torch.pow(beta1, step)
         rho_inf = 2 / (1 - beta2) - 1
         rho_t, bias2 = _rho(step, beta2)

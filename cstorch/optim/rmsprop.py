@@ -12,15 +12,15 @@ class RMSprop(U.ElementwiseOptimizer):
     ``momentum > 0``. ``weight_decay`` is L2 regularisation of the gradient.
     """
 
-    def __init__(self, params: ParamsT, lr: float = 1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0,
-                 momentum=0.0, centered=False):
+    def __init__(self, params: ParamsT, lr: float = 0.01, alpha=0.99, eps=1e-08, weight_decay=0,
+                 momentum=0, centered=False):
         U.check("learning rate", lr)
         U.check("epsilon value", eps)
         U.check("momentum value", momentum)
         U.check("weight_decay value", weight_decay)
         U.check("alpha value", alpha)
-        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
-                                      momentum=momentum, centered=centered))
+        super().__init__(params, dict(lr=lr, momentum=momentum, alpha=alpha, eps=eps,
+                                      centered=centered, weight_decay=weight_decay))
 
     def init_state(self, p, group):
         state = {"square_avg": torch.zeros_like(p)}

@@ -11,7 +11,8 @@ class Rprop(U.ElementwiseOptimizer):
     ``step_sizes``; after a flip that coordinate skips one update. ``prev`` is the last
     gradient used."""
 
-    def __init__(self, params: ParamsT, lr: float = 1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50)):
+    def __init__(self, params: ParamsT, lr: float = 0.001, etas=(0.5, 1.2),
+                 step_sizes=(1e-06, 50.0)):
         U.check("learning rate", lr)
         if not 0.0 < etas[0] < 1.0 < etas[1]:
             raise ValueError(f"Invalid eta values: {etas[0]}, {etas[1]}")

@@ -12,7 +12,7 @@ class SGD(U.ElementwiseOptimizer):
     with dampening the first step moves by ``(1 - dampening) * grad``.
     """
 
-    def __init__(self, params: ParamsT, lr: float = 0.001, momentum=0, dampening=0, weight_decay=0,
+    def __init__(self, params: ParamsT, lr: float, momentum=0, dampening=0, weight_decay=0,
                  nesterov=False, maximize=False):
         U.check("learning rate", lr)
         U.check("momentum value", momentum)

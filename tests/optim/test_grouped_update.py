@@ -51,15 +51,16 @@ def test_the_update_is_the_same_few_nodes_for_any_number_of_parameters(make_opti
 
 
 def _adamw_reference(params, grads, states, lr, betas, eps, weight_decay):
-    """The AdamW rule one parameter at a time, as cstorch wrote it before grouping."""
+    """The AdamW rule one parameter at a time, as cstorch wrote it before grouping (the
+    powers hold beta^t of the coming step, as the real package keeps them)."""
     b1, b2 = betas
     for p, g, s in zip(params, grads, states):
         s["exp_avg"].mul_(b1).add_(g, alpha=1 - b1)
         s["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
         denom = s["exp_avg_sq"].sqrt().add_(eps)
+        step_size = torch.sqrt(1 - s["beta2_power"]) / (1 - s["beta1_power"]) * lr
         s["beta1_power"].mul_(b1)
         s["beta2_power"].mul_(b2)
-        step_size = torch.sqrt(1 - s["beta2_power"]) / (1 - s["beta1_power"]) * lr
         p.mul_(1 - lr * weight_decay)
         p.sub_(s["exp_avg"] / denom * step_size)
 
@@ -79,7 +80,7 @@ def test_adamw_grouped_equals_the_per_parameter_rule_bit_for_bit():
     model = _model(3)
     reference = [p.detach().clone() for p in model.parameters()]
     states = [{"exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p),
-               "beta1_power": torch.tensor(1.0), "beta2_power": torch.tensor(1.0)}
+               "beta1_power": torch.tensor(0.8), "beta2_power": torch.tensor(0.95)}
               for p in reference]
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=3e-2, betas=(0.8, 0.95), eps=1e-6,
                                     weight_decay=0.1)

@@ -99,8 +99,8 @@ def test_a_users_own_optimizer_with_a_global_step_runs_under_trace():
         @torch.no_grad()
         def step(self, closure=None):
             for group in self.param_groups:
-                step = self.increment_global_step(group)
                 for p in group["params"]:
+                    step = self.increment_global_step(p)
                     p.sub_(p.grad.sign() * group["lr"] / step)
 
     cstorch.backend("CPU")
@@ -115,8 +115,10 @@ def test_a_users_own_optimizer_with_a_global_step_runs_under_trace():
     for x, y in data[:3]:
         train(x, y)
     assert train.captures == 1
-    assert float(opt.param_groups[0]["step"]) == 3.0
+    assert [float(opt.state[p]["step"]) for p in model.parameters()] == [3.0, 3.0]
+    assert list(opt.state_dict()["state"][0]) == ["step"]
     moved = (model.w - before).abs()
     assert torch.all(moved <= 0.1 * (1 + 1 / 2 + 1 / 3) + 1e-6) and moved.max() > 0.1
     with pytest.raises(RuntimeError, match="enable_global_step"):
-        cstorch.optim.SGD([torch.nn.Parameter(torch.zeros(1))]).increment_global_step({})
+        p = torch.nn.Parameter(torch.zeros(1))
+        cstorch.optim.SGD([p], lr=0.1).increment_global_step(p)

@@ -37,7 +37,7 @@ CASES = [
     ("Adadelta_zero", "Adadelta", dict(lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0), STEPS),
     ("Adafactor_wd_beta1", "Adafactor", dict(lr=0.01, eps=(1e-30, 1e-3), clip_threshold=1.0,
                                              decay_rate=-0.8, beta1=0.9, weight_decay=0.01), STEPS),
-    ("Adafactor_relative", "Adafactor", dict(relative_step=True, warmup_init=True, beta1=0.5,
+    ("Adafactor_relative", "Adafactor", dict(lr=None, relative_step=True, warmup_init=True, beta1=0.5,
                                              weight_decay=0.1, clip_threshold=0.5), STEPS),
     ("Adafactor_zero", "Adafactor", dict(lr=0.01, weight_decay=0.0, scale_parameter=False), STEPS),
     ("Adagrad_decay", "Adagrad", dict(lr=0.05, lr_decay=0.01, weight_decay=0.01,
@@ -58,6 +58,10 @@ CASES = [
     ("NAdam_wd", "NAdam", dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                                momentum_decay=4e-3), STEPS),
     ("NAdam_zero", "NAdam", dict(lr=0.01, weight_decay=0.0, momentum_decay=0.0), STEPS),
+    ("Muon_wd", "Muon", dict(lr=0.02, weight_decay=0.01, momentum=0.95, nesterov=True,
+                             ns_steps=5), STEPS),
+    ("Muon_zero", "Muon", dict(lr=0.02, weight_decay=0.0, momentum=0.9, nesterov=False,
+                               ns_steps=3), STEPS),
     ("RAdam_wd", "RAdam", dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01), STEPS),
     ("RAdam_zero", "RAdam", dict(lr=0.01, weight_decay=0.0), STEPS),
     # Long enough for rho_t to pass 5, so the rectified branch takes part.
@@ -113,7 +117,9 @@ def _run(cls_name, kwargs, steps, tensors, round_floats=False):
     the optimizer (after the steps) and its parameters."""
     cstorch.backend("CPU")
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5))]
+    # Muon updates matrices only: a tall and a wide one
+    shapes = [(4, 3), (3, 5)] if cls_name == "Muon" else [(4, 3), (5,)]
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in shapes]
     grads = [[torch.randn_like(p) for p in params] for _ in range(steps)]
     opt = getattr(cstorch.optim, cls_name)(params, **kwargs)
     for group in opt.param_groups:
