@@ -63,3 +63,61 @@ def test_cyclic_builtin_modes_fix_their_scale_mode_as_torch_does(mode, scale_mod
     ref = _torch(lambda opt: torch.optim.lr_scheduler.CyclicLR(
         opt, base_lr=0.13, max_lr=0.71, cycle_momentum=False, **kw), 0.13, 30)
     assert got == pytest.approx(ref, rel=1e-5, abs=1e-7)
+
+
+def _traced_ours(make, steps):
+    """The values a schedule writes inside one `@cstorch.trace` step, step after step."""
+    cstorch.backend("CPU")
+    model = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(2))])
+    cstorch.compile(model)
+    opt = cstorch.optim.SGD(model.parameters(), lr=1.0, weight_decay=0.5)
+    sched = make(opt)
+    key = sched.param_group_key
+
+    @cstorch.trace
+    def step():
+        opt.step()
+        sched.step()
+        return opt.param_groups[0][key] * 1
+
+    values = [float(opt.param_groups[0][key])] + [float(step()) for _ in range(steps)]
+    assert step.captures == 1
+    return values
+
+
+@pytest.mark.parametrize("T_0, eta_min", [(5, 0.0), (3, 0.013), (7, 0.05)])
+def test_cosine_annealing_warm_restarts_restarts_every_period(T_0, eta_min):
+    """What torch's CosineAnnealingWarmRestarts (T_mult=1) does, in every period: the real
+    package holds the value flat after the first one (docs/compat.md)."""
+    steps = 4 * T_0 + 2
+    ref = _torch(lambda opt: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(
+        opt, T_0=T_0, eta_min=eta_min), 0.37, steps)
+    lr = lambda opt: lr_sched.CosineAnnealingWarmRestarts(opt, 0.37, T_0, eta_min=eta_min)
+    wd = lambda opt: cstorch.optim.weight_decay_scheduler.CosineAnnealingWarmRestartsWD(
+        opt, initial_val=0.37, T_0=T_0, eta_min=eta_min)
+    assert _ours(lr, steps) == pytest.approx(ref, rel=1e-5, abs=1e-7)
+    assert _traced_ours(lr, steps) == pytest.approx(ref, rel=1e-5, abs=1e-7)
+    assert _traced_ours(wd, steps) == pytest.approx(ref, rel=1e-5, abs=1e-7)
+    # Restarted at the initial value at every multiple of T_0.
+    assert [_ours(lr, steps)[k * T_0] for k in range(4)] == pytest.approx([0.37] * 4)
+
+
+@pytest.mark.parametrize("T_mult", [2, 0, 1.5])
+def test_cosine_annealing_warm_restarts_takes_only_t_mult_1(T_mult):
+    cstorch.backend("CPU")
+    opt = cstorch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
+    with pytest.raises(ValueError, match="Only supported default T_mult value: 1.0"):
+        lr_sched.CosineAnnealingWarmRestarts(opt, 1.0, T_0=3, T_mult=T_mult)
+
+
+@pytest.mark.parametrize("three_phase, strategy", [(False, "cos"), (True, "linear"),
+                                                   (True, "cos"), (False, "linear")])
+def test_one_cycle_matches_torch_up_to_total_steps(three_phase, strategy):
+    """torch's OneCycleLR with max_lr / div_factor as the initial rate; its end rate is the
+    initial rate / final_div_factor, as here."""
+    kw = dict(total_steps=23, pct_start=0.25, final_div_factor=37.0, three_phase=three_phase,
+              anneal_strategy=strategy)
+    got = _ours(lambda opt: lr_sched.OneCycleLR(opt, 0.09, 0.81, **kw), 22)
+    ref = _torch(lambda opt: torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=0.81, div_factor=9.0, cycle_momentum=False, **kw), 0.09, 22)
+    assert got == pytest.approx(ref, rel=1e-4, abs=1e-7)
