@@ -174,6 +174,35 @@ def test_a_state_dict_resumes_the_schedule():
     _close(_values(other_opt, "lr"), SCENARIO["lr"]["SequentialLR"]["values"][7])
 
 
+def _tensors(value):
+    """A fixture state_dict with its tensors rebuilt: what the real package saved."""
+    if isinstance(value, dict) and value.get("tensor"):
+        dtype = getattr(torch, value["dtype"].split(".")[1])
+        return torch.tensor(value["values"], dtype=dtype).reshape(value["shape"])
+    if isinstance(value, dict):
+        return {k: _tensors(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tensors(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("key, name", [c for c in CASES
+                                       if not c[1].startswith("CosineAnnealingWarmRestarts")])
+def test_the_real_packages_state_dict_resumes_here(key, name):
+    """A fresh scheduler loads the real package's state_dict after 25 steps: it is at step
+    25 with the real package's value, and steps on as a run of 26 steps here does."""
+    cstorch.backend("CPU")
+    opt, sched = _build(key, name)
+    sched.load_state_dict(_tensors(SCENARIO[key][name]["state_dict"]))
+    assert sched.last_epoch == STEPS
+    _close(_values(opt, key), SCENARIO[key][name]["values"][-1])
+    sched.step()
+    ref_opt, ref = _build(key, name)
+    for _ in range(STEPS + 1):
+        ref.step()
+    _close(_values(opt, key), _values(ref_opt, key))
+
+
 def _render(signature):
     """`(self, a: T = 1, ...)` without self and annotations, as the fixture's strings."""
     params = list(signature.parameters.values())[1:]

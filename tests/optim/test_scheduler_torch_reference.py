@@ -121,3 +121,25 @@ def test_one_cycle_matches_torch_up_to_total_steps(three_phase, strategy):
     ref = _torch(lambda opt: torch.optim.lr_scheduler.OneCycleLR(
         opt, max_lr=0.81, div_factor=9.0, cycle_momentum=False, **kw), 0.09, 22)
     assert got == pytest.approx(ref, rel=1e-4, abs=1e-7)
+
+
+class _InverseTime(lr_sched.LambdaLR):
+    """A LambdaLR with its own function of the step (the real package's extension point)."""
+
+    def set_value_lambda(self):
+        return lambda step: 1 / (1 + 0.7 * step)
+
+
+def test_lambda_lr_with_its_own_function_matches_torch():
+    """One function f: initial_learning_rate * f(t), as torch's LambdaLR(lr_lambda=f) on
+    an optimizer whose lr is the initial rate; eagerly and inside a traced step."""
+    ref = _torch(lambda opt: torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda t: 1 / (1 + 0.7 * t)), 0.23, 12)
+    assert _ours(lambda opt: _InverseTime(opt, 0.23), 12) == pytest.approx(ref, rel=1e-6)
+    assert _traced_ours(lambda opt: _InverseTime(opt, 0.23), 12) == pytest.approx(ref, rel=1e-6)
+
+
+def test_lambda_lr_default_function_is_the_real_packages():
+    """Without an override: initial ** 2 * (t / 30) * 0.95 ** t (behaviour.json's notes)."""
+    got = _ours(lambda opt: lr_sched.LambdaLR(opt, initial_learning_rate=0.8), 9)
+    assert got == pytest.approx([0.64 * t / 30 * 0.95 ** t for t in range(10)], rel=1e-6)

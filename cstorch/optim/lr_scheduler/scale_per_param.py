@@ -2,7 +2,7 @@
 import torch
 
 from cstorch.optim.lr_scheduler.scheduler import LRScheduler
-from cstorch.optim.scheduler import ScalePerParamScheduler, Scheduler, TagsT, alias
+from cstorch.optim.scheduler import ScalePerParamScheduler, TagsT, alias
 
 
 class ScalePerParamLR(LRScheduler, ScalePerParamScheduler):
@@ -14,7 +14,7 @@ class ScalePerParamLR(LRScheduler, ScalePerParamScheduler):
     adjustment_scalars = alias("lr_adjustment_scalars")
     _adjust_key = "adjust_learning_rate"
 
-    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: Scheduler,
+    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
                  param_group_tags: TagsT = None):
         ScalePerParamScheduler.__init__(self, optimizer, scheduler,
                                         param_group_tags=param_group_tags)
