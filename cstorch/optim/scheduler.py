@@ -266,12 +266,16 @@ class ConstantScheduler(Scheduler):
 class PolynomialScheduler(Scheduler):
     """``(initial_val - end_val) * (1 - t / total_iters) ** power + end_val`` up to
     ``total_iters``, then ``end_val``. With ``cycle=True`` the value also holds at
-    ``end_val`` after ``total_iters``: the real package does not restart the decay."""
+    ``end_val`` after ``total_iters`` (and says so when made): the real package does not
+    restart the decay."""
     _hyper = ("initial_val", "end_val", "power", "cycle")
 
     def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
                  total_iters: int, power: float = 1.0, cycle: bool = False,
                  param_group_tags: TagsT = None):
+        if cycle:
+            warnings.warn(f"{type(self).__name__}(cycle=True) holds the end value after "
+                          f"total_iters, as the real package does: the decay does not restart")
         self.initial_val, self.end_val, self.power, self.cycle = initial_val, end_val, power, cycle
         super().__init__(optimizer, total_iters, param_group_tags=param_group_tags)
 
@@ -503,6 +507,9 @@ class CyclicScheduler(Scheduler):
         self.step_size_down = step_size_down if step_size_down is not None else step_size_up
         self.mode, self.gamma = mode, gamma
         if mode in ("triangular", "triangular2"):
+            if scale_mode != "cycle":
+                warnings.warn(f"{type(self).__name__}: mode {mode!r} scales the amplitude per "
+                              f"cycle; scale_mode={scale_mode!r} does not apply (as in torch)")
             scale_mode = "cycle"
         elif mode == "exp_range":
             scale_mode = "iterations"

@@ -3,6 +3,7 @@ torch.optim.lr_scheduler run on a plain torch optimizer (an independent computat
 the recorded values of the real package where it departs from torch on purpose."""
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -45,7 +46,8 @@ def test_cycle_holds_the_end_rate_after_total_iters(name):
     case = CASES[name]
     kwargs = eval("dict(" + case["construct"].split("(opt, ", 1)[1])
     cls = getattr(lr_sched, name.split("_")[0])
-    got = _ours(lambda opt: cls(opt, **kwargs), 25)
+    with pytest.warns(UserWarning, match=r"cycle=True\) holds the end value"):
+        got = _ours(lambda opt: cls(opt, **kwargs), 25)
     expected = case["initial"] + [v[0] for v in case["values"]]
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-7)
     end = kwargs["end_learning_rate"]
@@ -59,7 +61,11 @@ def test_cyclic_builtin_modes_fix_their_scale_mode_as_torch_does(mode, scale_mod
     """For the built-in modes the scale follows the cycle (triangular, triangular2) or the
     step (exp_range) whatever scale_mode says, as in torch."""
     kw = dict(step_size_up=3, step_size_down=2, mode=mode, gamma=0.93, scale_mode=scale_mode)
-    got = _ours(lambda opt: lr_sched.CyclicLR(opt, base_lr=0.13, max_lr=0.71, **kw), 30)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _ours(lambda opt: lr_sched.CyclicLR(opt, base_lr=0.13, max_lr=0.71, **kw), 30)
+    if mode != "exp_range":   # said when the user's scale_mode is not the one applied
+        assert any("does not apply" in str(w.message) for w in caught)
     ref = _torch(lambda opt: torch.optim.lr_scheduler.CyclicLR(
         opt, base_lr=0.13, max_lr=0.71, cycle_momentum=False, **kw), 0.13, 30)
     assert got == pytest.approx(ref, rel=1e-5, abs=1e-7)
