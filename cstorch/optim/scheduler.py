@@ -22,6 +22,8 @@ from typing import List, Optional, Union
 
 import torch
 
+from cstorch.optim.optimizer import Optimizer
+
 TagsT = Union[str, List[Optional[str]], None]
 
 
@@ -43,7 +45,6 @@ class Scheduler(ABC):
 
     def __init__(self, optimizer: torch.optim.Optimizer, total_iters: Optional[int],
                  last_epoch: int = -1, param_group_tags: TagsT = None):
-        from cstorch.optim.optimizer import Optimizer
         name = type(self).__name__
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"{type(optimizer).__name__} is not a cstorch.optim.Optimizer: "
