@@ -16,6 +16,37 @@ lr_sched = cstorch.optim.lr_scheduler
 wd_sched = cstorch.optim.weight_decay_scheduler
 
 
+class _Momentum:
+    """A schedule of the param groups' momentum: the generic classes with another key, as
+    the real package's abstract bases are meant to be extended."""
+
+    @property
+    def param_group_key(self):
+        return "momentum"
+
+
+class MomentumConstant(_Momentum, sched.ConstantScheduler):
+    pass
+
+
+class MomentumPiecewise(_Momentum, sched.PiecewiseConstantScheduler):
+    pass
+
+
+class MomentumSequential(_Momentum, sched.SequentialScheduler):
+    pass
+
+
+class MomentumChained(_Momentum, sched.ChainedScheduler):
+    pass
+
+
+class EpsConstant(sched.ConstantScheduler):
+    @property
+    def param_group_key(self):
+        return "eps"
+
+
 def _make(opt):
     """Schedules of three keys over three tagged groups: lr on every group (scaled per group),
     weight_decay per group, momentum on every group through the generic classes."""
@@ -24,20 +55,18 @@ def _make(opt):
             opt, initial_learning_rate=0.1, end_learning_rate=0.01, total_iters=STEPS)),
         wd_sched.CosineDecayWD(opt, initial_val=0.04, end_val=0.4, total_iters=8,
                                param_group_tags="a"),
-        wd_sched.PiecewiseConstantWD(opt, values=[0.0, 0.1, 0.2], milestones=[3, 6],
+        wd_sched.PiecewiseConstantWD(opt, vals=[0.0, 0.1, 0.2], milestones=[3, 6],
                                      param_group_tags={"b"}),
         wd_sched.SequentialWD(opt, [
             wd_sched.LinearWD(opt, initial_val=0.0, end_val=0.3, total_iters=4,
                               param_group_tags="c"),
             wd_sched.ExponentialWD(opt, initial_val=0.3, total_iters=2, decay_rate=0.5,
-                                   param_group_tags="c")], param_group_tags="c"),
-        sched.ChainedScheduler([
-            sched.PiecewiseConstantScheduler(opt, [0.9, 0.5, 0.1], [2, 5],
-                                             param_group_key="momentum"),
-            sched.SequentialScheduler(opt, [
-                sched.PiecewiseConstantScheduler(opt, [1.0], [], param_group_key="momentum"),
-                sched.PiecewiseConstantScheduler(opt, [0.5, 1.0], [2],
-                                                 param_group_key="momentum")],
+                                   param_group_tags="c")], [4], param_group_tags="c"),
+        MomentumChained([
+            MomentumPiecewise(opt, MomentumConstant, [0.9, 0.5, 0.1], [2, 5]),
+            MomentumSequential(opt, [
+                MomentumPiecewise(opt, MomentumConstant, [1.0], []),
+                MomentumPiecewise(opt, MomentumConstant, [0.5, 1.0], [2])],
                 milestones=[4])]),
     ]
     return schedulers
@@ -145,8 +174,10 @@ def test_class_relations_model_zoo_relies_on():
     assert issubclass(sched.PiecewiseConstantScheduler, sched.SequentialScheduler)
     assert issubclass(lr_sched.ChainedScheduler, sched.ChainedScheduler)
     assert issubclass(wd_sched.SequentialWD, sched.SequentialScheduler)
-    assert lr_sched.LRScheduler.param_group_key == "lr"
-    assert wd_sched.WeightDecayScheduler.param_group_key == "weight_decay"
+    # A property, as in the real package (abstract in the generic base).
+    assert lr_sched.LRScheduler.param_group_key.fget(None) == "lr"
+    assert wd_sched.WeightDecayScheduler.param_group_key.fget(None) == "weight_decay"
+    assert issubclass(lr_sched.LRScheduler, torch.optim.lr_scheduler.LRScheduler)
     from torch.optim.optimizer import ParamsT as torch_params_type
 
     from cerebras.pytorch.optim.optimizer import ParamsT
@@ -175,7 +206,8 @@ def test_tags_are_a_set_and_checkpoints_resume():
     decays = [float(g["weight_decay"]) for g in opt.param_groups]
     assert decays == pytest.approx([0.01, 0.025, 0.01])
     saved = s.state_dict()
-    assert saved == {"last_epoch": 5, "base_values": [pytest.approx(0.01)]}
+    assert int(saved["last_epoch"]) == 5 and saved["param_group_tags"] == {"b"}
+    assert saved["initial_val"] == 0.1 and saved["step_size"] == 2 and saved["gamma"] == 0.5
     other = wd_sched.StepWD(opt, initial_val=0.1, step_size=2, gamma=0.5, param_group_tags="b")
     other.load_state_dict(saved)
     assert other.last_epoch == 5 and other.get_last_value() == pytest.approx([0.025])
@@ -187,30 +219,39 @@ def _opt():
 
 
 @pytest.mark.parametrize("make, error, match", [
-    (lambda opt: sched.PiecewiseConstantScheduler(opt, [0.1, 0.2], [1]), TypeError,
-     "does not say which param-group value"),
-    (lambda opt: sched.PiecewiseConstantScheduler(opt, [0.1], [1], param_group_key="lr"),
+    (lambda opt: sched.PiecewiseConstantScheduler(opt, lr_sched.ConstantLR, [0.1, 0.2], [1]),
+     TypeError, "abstract method param_group_key"),
+    (lambda opt: lr_sched.PiecewiseConstantLR(opt, [0.1], [1]),
      ValueError, "one more value than milestones"),
-    (lambda opt: sched.PiecewiseConstantScheduler(opt, [1, 2, 3], [4, 2], param_group_key="lr"),
+    (lambda opt: lr_sched.PiecewiseConstantLR(opt, [1, 2, 3], [4, 2]),
      ValueError, "must not decrease"),
-    (lambda opt: sched.PiecewiseConstantScheduler(opt, [1.0], [], param_group_key="betas"),
-     ValueError, "param group 0 has no such entry"),
+    (lambda opt: EpsConstant(opt, 1e-3), ValueError, "param group 0 has no such entry"),
     (lambda opt: wd_sched.ConstantWD(opt, val=0.1, param_group_tags="z"), ValueError,
      r"no param group of the optimizer has any of the tags \['z'\]"),
     (lambda opt: wd_sched.ConstantWD(torch.optim.SGD(_params(), lr=0.1), val=0.1), TypeError,
-     "needs a cstorch.optim optimizer"),
-    (lambda opt: sched.ChainedScheduler([]), ValueError, "at least one scheduler"),
-    (lambda opt: sched.ChainedScheduler([lr_sched.ConstantLR(opt, learning_rate=0.1),
-                                         wd_sched.ConstantWD(opt, val=0.1)]),
+     "SGD is not a cstorch.optim.Optimizer"),
+    (lambda opt: lr_sched.ChainedLR([]), ValueError, "at least one scheduler"),
+    (lambda opt: lr_sched.ChainedLR([lr_sched.ConstantLR(opt, learning_rate=0.1),
+                                     wd_sched.ConstantWD(opt, val=0.1)]),
      ValueError, "same param group key"),
+    (lambda opt: lr_sched.ChainedLR([lr_sched.ConstantLR(opt, learning_rate=0.1),
+                                     lr_sched.LinearLR(opt, 0.0, 1.0, 4)]),
+     ValueError, "LinearLR starts at 0"),
     (lambda opt: lr_sched.SequentialLR(opt, [lr_sched.ConstantLR(opt, learning_rate=0.1),
-                                             lr_sched.ConstantLR(opt, learning_rate=0.2)]),
-     ValueError, "needs total_iters on every scheduler but the last"),
+                                             lr_sched.ConstantLR(opt, learning_rate=0.2)],
+                                       None),
+     TypeError, "Expected milestones to be a list of integers"),
+    (lambda opt: lr_sched.SequentialLR(opt, [lr_sched.ConstantLR(opt, 0.1, param_group_tags="a"),
+                                             lr_sched.ConstantLR(opt, 0.2)], [2],
+                                       param_group_tags="b"),
+     ValueError, r"drives param groups \[1\] that its ConstantLR does not"),
+    (lambda opt: lr_sched.CosineAnnealingWarmRestarts(opt, 1.0, T_0=0), ValueError,
+     "T_0, the period in steps, to be a positive integer"),
     (lambda opt: lr_sched.SequentialLR(opt, [lr_sched.ConstantLR(opt, learning_rate=0.1)], [3]),
      ValueError, "one milestone fewer than schedulers"),
     (lambda opt: lr_sched.ScalePerParamLR(opt, wd_sched.ConstantWD(opt, val=0.1)), TypeError,
-     "wraps a cstorch.optim.lr_scheduler.LRScheduler"),
-    (lambda opt: sched.ChainedScheduler([object()]), TypeError, "takes cstorch.optim schedulers"),
+     "wraps a scheduler of the param groups' 'lr', got ConstantWD"),
+    (lambda opt: lr_sched.ChainedLR([object()]), TypeError, "takes cstorch.optim schedulers"),
     (lambda opt: lr_sched.ConstantLR(opt, learning_rate=0.1, param_group_tags=3), TypeError,
      "param group tags must be a string or a collection"),
 ])
@@ -220,12 +261,12 @@ def test_bad_arguments(make, error, match):
         make(opt)
 
 
-def test_sequential_milestones_default_to_running_total_iters():
+def test_sequential_runs_each_schedule_from_its_milestone():
     opt = _opt()
     s = lr_sched.SequentialLR(opt, [
         lr_sched.ConstantLR(opt, learning_rate=0.1, total_iters=3),
         lr_sched.LinearLR(opt, initial_learning_rate=0.2, end_learning_rate=0.0, total_iters=2),
-        lr_sched.ConstantLR(opt, learning_rate=0.5)])
+        lr_sched.ConstantLR(opt, learning_rate=0.5)], [3, 5])
     assert s.milestones == [3, 5]
     rates = []
     for _ in range(7):

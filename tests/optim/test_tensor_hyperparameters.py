@@ -228,6 +228,12 @@ def test_a_scheduler_drives_a_group_of_tensor_hyperparameters():
     cstorch.backend("CPU")
     sched = cstorch.optim.lr_scheduler
 
+    class InverseTimeLR(sched.LambdaLR):
+        """A LambdaLR with its own function of the step, as the real package has it."""
+
+        def set_value_lambda(self):
+            return lambda step: 1 / (1 + step)
+
     def run(tensors):
         torch.manual_seed(0)
         params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5))]
@@ -237,7 +243,7 @@ def test_a_scheduler_drives_a_group_of_tensor_hyperparameters():
                 for key in list(group):
                     if key != "params":
                         group[key] = _as_tensor(group[key])
-        lr_sched = sched.LambdaLR(opt, lambda step: 1 / (1 + step))
+        lr_sched = InverseTimeLR(opt, initial_learning_rate=0.01)
         for _ in range(STEPS):
             for p in params:
                 p.grad = torch.randn_like(p)

@@ -1,16 +1,18 @@
 """`ConstantLR`: a fixed rate."""
+from typing import Optional
+
 import torch
 
 from cstorch.optim.lr_scheduler.scheduler import LRScheduler
+from cstorch.optim.scheduler import ConstantScheduler, TagsT, alias
 
 
-class ConstantLR(LRScheduler):
+class ConstantLR(LRScheduler, ConstantScheduler):
     """``learning_rate`` at every step (``total_iters`` only bounds it within a SequentialLR)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer,
-                 learning_rate, total_iters=None, param_group_tags=None):
-        self.learning_rate = learning_rate
-        super().__init__(optimizer, total_iters, param_group_tags=param_group_tags)
+    val = alias("learning_rate")
 
-    def lr_at(self, step):
-        return torch.full_like(step, self.learning_rate)
+    def __init__(self, optimizer: torch.optim.Optimizer, learning_rate: float,
+                 total_iters: Optional[int] = None, param_group_tags: TagsT = None):
+        ConstantScheduler.__init__(self, optimizer, learning_rate, total_iters,
+                                   param_group_tags=param_group_tags)

@@ -1,20 +1,18 @@
 """`CosineDecayLR`: half a cosine from an initial to an end rate."""
 import torch
 
-from cstorch.optim.lr_scheduler.scheduler import LRScheduler, clamp_steps, cosine
+from cstorch.optim.lr_scheduler.scheduler import LRScheduler
+from cstorch.optim.scheduler import CosineDecayScheduler, TagsT, alias
 
 
-class CosineDecayLR(LRScheduler):
+class CosineDecayLR(LRScheduler, CosineDecayScheduler):
     """``end + (initial - end) * (1 + cos(pi * t / total_iters)) / 2`` up to ``total_iters``,
     then ``end_learning_rate``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer,
-                 initial_learning_rate, end_learning_rate, total_iters,
-                 param_group_tags=None):
-        self.initial_learning_rate = initial_learning_rate
-        self.end_learning_rate = end_learning_rate
-        super().__init__(optimizer, total_iters, param_group_tags=param_group_tags)
+    initial_val = alias("initial_learning_rate")
+    end_val = alias("end_learning_rate")
 
-    def lr_at(self, step):
-        progress = clamp_steps(step, self.total_iters) / self.total_iters
-        return self.end_learning_rate + (self.initial_learning_rate - self.end_learning_rate) * cosine(progress)
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 end_learning_rate: float, total_iters: int, param_group_tags: TagsT = None):
+        CosineDecayScheduler.__init__(self, optimizer, initial_learning_rate, end_learning_rate,
+                                      total_iters, param_group_tags=param_group_tags)

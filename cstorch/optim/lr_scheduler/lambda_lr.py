@@ -1,21 +1,19 @@
-"""`LambdaLR`: each group's initial rate times a user function of the step."""
+"""`LambdaLR`: an initial rate times a function of the step."""
 import torch
 
 from cstorch.optim.lr_scheduler.scheduler import LRScheduler
+from cstorch.optim.scheduler import LambdaScheduler, TagsT, alias
 
 
-class LambdaLR(LRScheduler):
-    """``base_lr * lr_lambda(t)`` per driven param group, ``base_lr`` being the group's rate
-    when the scheduler was made. `lr_lambda` (one function, or one per group) receives the
-    step as a float32 tensor and must use torch ops on it (no ``.item()``, no Python
-    branching on it), since inside a traced step it is a traced value."""
+class LambdaLR(LRScheduler, LambdaScheduler):
+    """``initial_learning_rate`` times the function(s) of the step that
+    `set_value_lambda()` returns (see `cstorch.optim.scheduler.LambdaScheduler`); a subclass
+    overrides `set_value_lambda()` to give its own. Unlike torch's LambdaLR the second
+    argument is the initial rate, not a function."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, lr_lambda, param_group_tags=None):
-        self.lr_lambda = lr_lambda
-        super().__init__(optimizer, None, param_group_tags=param_group_tags)
+    initial_val = alias("initial_learning_rate")
 
-    def values_at(self, step):
-        fns = self.lr_lambda if isinstance(self.lr_lambda, (list, tuple)) else [self.lr_lambda] * len(self._groups)
-        if len(fns) != len(self._groups):
-            raise ValueError(f"expected {len(self._groups)} lr_lambdas, got {len(fns)}")
-        return [base * torch.as_tensor(fn(step), dtype=torch.float32) for base, fn in zip(self.base_lrs, fns)]
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 param_group_tags: TagsT = None):
+        LambdaScheduler.__init__(self, optimizer, initial_learning_rate,
+                                 param_group_tags=param_group_tags)

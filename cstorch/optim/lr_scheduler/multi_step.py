@@ -1,25 +1,18 @@
 """`MultiStepLR`: decay by ``gamma`` at each milestone."""
+from typing import List
+
 import torch
 
 from cstorch.optim.lr_scheduler.scheduler import LRScheduler
+from cstorch.optim.scheduler import MultiStepScheduler, TagsT, alias
 
 
-def milestones_passed(step, milestones):
-    count = torch.zeros_like(step)
-    for m in milestones:
-        count = count + (step >= m).to(step.dtype)
-    return count
-
-
-class MultiStepLR(LRScheduler):
+class MultiStepLR(LRScheduler, MultiStepScheduler):
     """``initial * gamma ** (number of milestones <= t)``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer,
-                 initial_learning_rate, gamma, milestones, param_group_tags=None):
-        self.initial_learning_rate = initial_learning_rate
-        self.gamma = gamma
-        self.milestones = sorted(milestones)
-        super().__init__(optimizer, None, param_group_tags=param_group_tags)
+    initial_val = alias("initial_learning_rate")
 
-    def lr_at(self, step):
-        return self.initial_learning_rate * torch.pow(self.gamma, milestones_passed(step, self.milestones))
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 gamma: float, milestones: List[int], param_group_tags: TagsT = None):
+        MultiStepScheduler.__init__(self, optimizer, initial_learning_rate, gamma, milestones,
+                                    param_group_tags=param_group_tags)

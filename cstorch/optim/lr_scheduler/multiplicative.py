@@ -2,16 +2,15 @@
 import torch
 
 from cstorch.optim.lr_scheduler.scheduler import LRScheduler
+from cstorch.optim.scheduler import MultiplicativeScheduler, TagsT, alias
 
 
-class MultiplicativeLR(LRScheduler):
+class MultiplicativeLR(LRScheduler, MultiplicativeScheduler):
     """``initial * coefficient ** t``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer,
-                 initial_learning_rate, coefficient, param_group_tags=None):
-        self.initial_learning_rate = initial_learning_rate
-        self.coefficient = coefficient
-        super().__init__(optimizer, None, param_group_tags=param_group_tags)
+    initial_val = alias("initial_learning_rate")
 
-    def lr_at(self, step):
-        return self.initial_learning_rate * torch.pow(self.coefficient, step)
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 coefficient: float, param_group_tags: TagsT = None):
+        MultiplicativeScheduler.__init__(self, optimizer, initial_learning_rate, coefficient,
+                                         param_group_tags=param_group_tags)

@@ -2,33 +2,20 @@
 import torch
 
 from cstorch.optim.lr_scheduler.scheduler import LRScheduler
+from cstorch.optim.scheduler import PolynomialScheduler, TagsT, alias
 
 
-def polynomial(step, initial, end, total_iters, power, cycle):
-    if cycle:
-        # Restart with a longer horizon, as TensorFlow's polynomial decay does:
-        # the horizon is total_iters times the number of periods begun.
-        periods = torch.clamp(torch.ceil(step / total_iters), min=1.0)
-        progress = step / (periods * total_iters)
-    else:
-        progress = torch.clamp(step, max=float(total_iters)) / total_iters
-    return (initial - end) * torch.pow(1 - progress, power) + end
-
-
-class PolynomialLR(LRScheduler):
+class PolynomialLR(LRScheduler, PolynomialScheduler):
     """``(initial - end) * (1 - t / total_iters) ** power + end`` up to ``total_iters``, then
-    ``end_learning_rate``; with ``cycle`` the decay restarts over a horizon stretched to the
-    next multiple of ``total_iters``."""
+    ``end_learning_rate``. ``cycle=True`` also holds ``end_learning_rate`` after
+    ``total_iters``, as the real package does (the decay does not restart)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer,
-                 initial_learning_rate, end_learning_rate, total_iters, power=1.0,
-                 cycle=False, param_group_tags=None):
-        self.initial_learning_rate = initial_learning_rate
-        self.end_learning_rate = end_learning_rate
-        self.power = power
-        self.cycle = cycle
-        super().__init__(optimizer, total_iters, param_group_tags=param_group_tags)
+    initial_val = alias("initial_learning_rate")
+    end_val = alias("end_learning_rate")
 
-    def lr_at(self, step):
-        return polynomial(step, self.initial_learning_rate, self.end_learning_rate,
-                          self.total_iters, self.power, self.cycle)
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 end_learning_rate: float, total_iters: int, power: float = 1.0,
+                 cycle: bool = False, param_group_tags: TagsT = None):
+        PolynomialScheduler.__init__(self, optimizer, initial_learning_rate, end_learning_rate,
+                                     total_iters, power, cycle,
+                                     param_group_tags=param_group_tags)

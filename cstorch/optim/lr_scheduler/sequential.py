@@ -4,16 +4,14 @@ from typing import List
 import torch
 
 from cstorch.optim.lr_scheduler.scheduler import LRScheduler
-from cstorch.optim.scheduler import SequentialScheduler
+from cstorch.optim.scheduler import SequentialScheduler, TagsT
 
 
 class SequentialLR(LRScheduler, SequentialScheduler):
-    """Run ``schedulers[0]`` until ``milestones[0]``, then ``schedulers[1]`` from its step 0,
-    and so on. The sub-schedulers only supply their formulas; this scheduler's own counter
-    drives them. Without ``milestones`` they are the running sums of the sub-schedulers'
-    ``total_iters``."""
+    """``schedulers[0]`` until ``milestones[0]``, then ``schedulers[1]`` from its step 0, and
+    so on. The inner schedules only supply their formulas; this one's counter drives them."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, schedulers: List[LRScheduler],
-                 milestones=None, last_epoch=-1, param_group_tags=None):
+                 milestones: List[int], last_epoch: int = -1, param_group_tags: TagsT = None):
         SequentialScheduler.__init__(self, optimizer, schedulers, milestones, last_epoch,
                                      param_group_tags=param_group_tags)
