@@ -2,7 +2,7 @@
 fixed thresholds."""
 import torch
 
-from cstorch.metrics.metric import Metric, in_traced_step, check_same_shape, weights_like
+from cstorch.metrics.metric import Metric, check_same_shape, in_traced_step, weights_like
 
 # The end thresholds sit this far outside [0, 1] so every score in [0, 1] falls strictly
 # between them.
@@ -135,4 +135,6 @@ class AUCMetric(Metric):
         return ((x[:-1] - x[1:]) * heights).sum()
 
     def compute(self) -> float:
-        return float(self._value())
+        """The area, as a Python float (inside a traced step, a tensor of the step)."""
+        value = self._value()
+        return value if in_traced_step() else float(value)

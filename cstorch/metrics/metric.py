@@ -97,23 +97,17 @@ class Metric(torch.nn.Module, abc.ABC):
 
     def forward(self, *args, **kwargs):
         """Fold one batch into the accumulators (see `update` for the arguments) and
-        return the value so far: what `compute()` returns, or inside a traced step the
-        same value as a tensor of the step."""
+        return the value so far, as `compute()` gives it."""
         with torch.no_grad():
             self.update(*args, **kwargs)
             self.update_count.add_(1)
-            return self._value() if in_traced_step() else self.compute()
+            return self.compute()
 
     @abc.abstractmethod
     def compute(self):
         """The metric's value over every batch since construction or the last `reset()`.
         Outside a traced step this reads the accumulators from the device (the only host
-        transfer a metric makes)."""
-
-    def _value(self) -> torch.Tensor:
-        """The value as a tensor, which a traced step can return (subclasses whose
-        `compute` gives a Python float override this)."""
-        return self.compute()
+        transfer a metric makes); inside one it is a tensor of the step."""
 
     def reset(self):
         """Set every accumulator back to the value it was registered with (on the device,

@@ -1,7 +1,7 @@
 """Precision and recall of the top-k scored classes against a set of labels per example."""
 import torch
 
-from cstorch.metrics.metric import Metric, weights_like
+from cstorch.metrics.metric import Metric, in_traced_step, weights_like
 
 
 class _TopKMetric(Metric):
@@ -42,7 +42,9 @@ class _TopKMetric(Metric):
         return w, found, per_example
 
     def compute(self) -> float:
-        return float(self._value())
+        """The value, as a Python float (inside a traced step, a tensor of the step)."""
+        value = self._value()
+        return value if in_traced_step() else float(value)
 
     def _value(self) -> torch.Tensor:
         return self.total_hits / self.total_count

@@ -181,3 +181,83 @@ def test_precision_at_k_counts_a_repeated_label_once_per_occurrence():
             count += k
     assert hits != once  # the inputs tell the two counts apart
     assert metric.compute() == pytest.approx(hits / count, rel=1e-6)
+
+
+class RunningMax(cstorch.metrics.Metric):
+    """A metric written against the real package's API: states declared in reset()."""
+
+    def reset(self):
+        self.register_state("best", torch.tensor(-1.0e9))
+        self.register_state("seen", torch.zeros(3), persistent=True)
+
+    def update(self, value):
+        self.best.copy_(torch.maximum(self.best, value.max()))
+        self.seen.add_(torch.ones(3))
+
+    def compute(self):
+        return self.best.clone()
+
+
+def test_a_metric_written_against_the_api_registers_resets_and_traces():
+    cstorch.backend("CPU")
+    holder = torch.nn.Module()
+    holder.metric = RunningMax(name=None)
+    assert [k for k in holder.state_dict()] == ["metric.seen"]  # persistent=True only
+    metric = holder.metric
+
+    @cstorch.trace
+    @torch.no_grad()
+    def eval_step(value):
+        return metric(value)
+
+    values = [torch.tensor([0.5, -2.0]), torch.tensor([3.0, 1.0]), torch.tensor([2.0])]
+    for n, value in enumerate(values, 1):
+        running = eval_step(value)
+        assert float(running) == max(float(v.max()) for v in values[:n])
+    assert metric.num_updates == 3
+    assert metric.seen.tolist() == [3.0, 3.0, 3.0]
+    metric.reset()  # back to the registered values, not to zeros
+    assert float(metric.compute()) == -1.0e9 and metric.seen.tolist() == [0.0] * 3
+    assert metric.num_updates == 0
+    with pytest.raises(ValueError, match="cannot be set to a tensor of shape"):
+        metric.register_state("seen", torch.zeros(2))
+    with pytest.raises(TypeError, match="needs a tensor"):
+        metric.register_state("other", 0.0)
+
+
+def test_float_metrics_give_tensors_inside_a_traced_step():
+    cstorch.backend("CPU")
+    auc = cstorch.metrics.AUCMetric(num_thresholds=5)
+    recall = cstorch.metrics.RecallAtKMetric(k=1)
+
+    @cstorch.trace
+    @torch.no_grad()
+    def eval_step(labels, scores):
+        auc(labels, scores)
+        recall(labels.unsqueeze(-1), torch.stack([1 - scores, scores], -1))
+        return auc.compute(), recall.compute()
+
+    labels, scores = torch.tensor([0, 1, 1, 0]), torch.tensor([0.1, 0.8, 0.4, 0.6])
+    got_auc, got_recall = eval_step(labels, scores)
+    assert float(got_auc) == auc.compute() and isinstance(auc.compute(), float)
+    assert float(got_recall) == recall.compute() == 0.5
+
+
+def test_update_dtype_is_the_dtype_values_and_weights_are_taken_in():
+    """`dtype=` (Model Zoo passes its logits' dtype) rounds what is folded in to that
+    dtype; the sums accumulate in float32."""
+    value, weight = torch.tensor([1.0003, 2.0007, 0.1]), torch.tensor([0.3, 0.7, 0.1])
+    mean = cstorch.metrics.MeanMetric(name=None)
+    mean.update(value, weight, dtype=torch.bfloat16)
+    v, w = value.to(torch.bfloat16), weight.to(torch.bfloat16)
+    want = float((v * w).float().sum() / w.float().sum())
+    assert float(mean.compute()) == pytest.approx(want, rel=1e-6)
+    assert abs(want - float((value * weight).sum() / weight.sum())) > 1e-4
+
+    labels, predictions = torch.tensor([0, 1, 1, 2]), torch.tensor([0, 1, 2, 2])
+    weights = torch.tensor([0.3, 0.7, 0.1, 0.9])
+    iou = cstorch.metrics.MeanIOUMetric(num_classes=3)
+    iou.update(labels, predictions, weights, dtype=torch.bfloat16)
+    exact = cstorch.metrics.MeanIOUMetric(num_classes=3)
+    exact.update(labels, predictions, weights.to(torch.bfloat16).float())
+    assert float(iou.compute()) == float(exact.compute())
