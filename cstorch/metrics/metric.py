@@ -53,6 +53,7 @@ class Metric(torch.nn.Module, abc.ABC):
         self.register_buffer("update_count", torch.zeros((), dtype=torch.int64),
                              persistent=False)
         self.reset()
+        _REGISTRY[:] = [ref for ref in _REGISTRY if ref() is not None]
         _REGISTRY.append(weakref.ref(self))
 
     def __init_subclass__(cls, **kwargs):
