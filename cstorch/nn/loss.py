@@ -6,6 +6,7 @@ and a traced step differentiates it like any other op. Each takes that loss's ar
 (positionally or by keyword) and `use_autogen` (kept as `autogen_enabled`; see
 `cstorch.nn.autogen`).
 """
+import functools
 import inspect
 import math
 
@@ -24,11 +25,16 @@ def _arguments(owner: str, spec, args, kwargs) -> dict:
     """`args`/`kwargs` bound to the parameters of `spec` (a function that only declares
     them), defaults filled in, with a TypeError naming `owner` for anything else."""
     try:
-        bound = inspect.signature(spec).bind(*args, **kwargs)
+        bound = _signature(spec).bind(*args, **kwargs)
     except TypeError as e:
         raise TypeError(f"{owner}.__init__(): {e}") from None
     bound.apply_defaults()
     return dict(bound.arguments)
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(spec) -> inspect.Signature:
+    return inspect.signature(spec)
 
 
 def _reduction_of(owner: str, size_average, reduce, reduction) -> str:

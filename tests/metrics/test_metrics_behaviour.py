@@ -3,7 +3,6 @@ metrics did: values and Python types of compute() after each update, num_updates
 float(metric), the value after reset(), constructor errors, names of get_all_metrics()),
 reproduced eagerly and, for the values, accumulated inside a traced eval step."""
 import json
-import math
 import os
 import subprocess
 import sys
@@ -13,12 +12,12 @@ import torch
 
 import cerebras.pytorch as cstorch
 from tests.conftest import ROOT, SHARED
+from tests.metrics.test_metrics_fixture import assert_value
 
 with open(os.path.join(SHARED, "fixtures", "behaviour.json")) as f:
     SCENARIOS = json.load(f)["scenarios"]
 METRICS = SCENARIOS["metrics"]
 CASES = METRICS["cases"]
-RTOL = 1e-6
 
 
 def tensor(spec):
@@ -28,16 +27,6 @@ def tensor(spec):
 
 def arguments(update):
     return {k: tensor(v) for k, v in update["args"].items()}
-
-
-def assert_value(got, expected):
-    got = float(got)
-    if math.isnan(expected):
-        assert math.isnan(got), got
-    elif expected == 0:
-        assert got == 0, got
-    else:
-        assert abs(got - expected) <= RTOL * abs(expected), (got, expected)
 
 
 def type_name(value):
