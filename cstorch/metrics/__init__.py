@@ -8,12 +8,12 @@ from cstorch.metrics.auc import AUCMetric
 from cstorch.metrics.confusion import (DiceCoefficientMetric, FBetaScoreMetric, MeanIOUMetric,
                                        MeanPerClassAccuracyMetric)
 from cstorch.metrics.mean import MeanMetric
-from cstorch.metrics.metric import Metric
+from cstorch.metrics.metric import Metric, get_all_metrics
 from cstorch.metrics.perplexity import PerplexityMetric
 from cstorch.metrics.top_k import PrecisionAtKMetric, RecallAtKMetric
 
 __all__ = [
     "Metric", "AccuracyMetric", "PerplexityMetric", "MeanMetric", "FBetaScoreMetric",
     "MeanIOUMetric", "DiceCoefficientMetric", "MeanPerClassAccuracyMetric",
-    "PrecisionAtKMetric", "RecallAtKMetric", "AUCMetric",
+    "PrecisionAtKMetric", "RecallAtKMetric", "AUCMetric", "get_all_metrics",
 ]

@@ -13,13 +13,13 @@ class AccuracyMetric(Metric):
     does). Before any update the value is NaN (0 / 0).
 
     Args:
-        name: the name the metric is logged and registered under.
+        name: the name the metric is logged and registered under (required; None
+            is allowed).
     """
 
-    def __init__(self, name: str = "accuracy"):
-        super().__init__(name)
-        self.register_state("total_correct")
-        self.register_state("total_weight")
+    def reset(self):
+        self.register_state("total_correct", torch.tensor(0.0))
+        self.register_state("total_weight", torch.tensor(0.0))
 
     def update(self, labels, predictions, weights=None, dtype=None):
         """Fold one batch in. `dtype` is the floating dtype the weighted hits are formed in

@@ -13,22 +13,26 @@ from cstorch.metrics.metric import Metric, check_same_shape, safe_div, weights_l
 class _ConfusionMatrixMetric(Metric):
     """A metric computed from the confusion matrix of every batch seen."""
 
-    def __init__(self, num_classes: int, name: str):
+    def __init__(self, num_classes: int, name=None):
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"{type(self).__name__} needs num_classes, an int of at least 2; "
-                             f"got {num_classes!r}")
-        super().__init__(name)
+            raise ValueError(f"'num_classes' should be at least 2, got {num_classes}")
         self.num_classes = num_classes
-        self.register_state("confusion_matrix", (num_classes, num_classes))
+        super().__init__(name)
 
-    def update(self, labels, predictions, weights=None):
+    def reset(self):
+        n = self.num_classes
+        self.register_state("confusion_matrix", torch.zeros((n, n)))
+
+    def update(self, labels, predictions, weights=None, dtype=None):
         """Fold one batch in: `labels` and `predictions` are class ids of the same shape,
-        `weights` (optional) broadcast to them. A position whose label or prediction is
-        outside ``[0, num_classes)`` (a padding id such as -100) is not counted; this
-        cannot be checked on the device, where the update runs without reading values."""
+        `weights` (optional) broadcast to them. `dtype` is the floating dtype the weights
+        are taken in (Model Zoo passes its logits' dtype); the counts accumulate in float32
+        whatever it is. A position whose label or prediction is outside
+        ``[0, num_classes)`` (a padding id such as -100) is not counted; this cannot be
+        checked on the device, where the update runs without reading values."""
         check_same_shape(labels, predictions, type(self).__name__)
         n = self.num_classes
-        w = weights_like(weights, labels).reshape(-1)
+        w = weights_like(weights, labels, dtype or torch.float32).float().reshape(-1)
         labels = labels.reshape(-1).long()
         predictions = predictions.reshape(-1).long()
         valid = (labels >= 0) & (labels < n) & (predictions >= 0) & (predictions < n)
@@ -52,6 +56,27 @@ def _mean_over_present(scores, present):
     return safe_div((scores * present).sum(), present.sum())
 
 
+def _kept_classes(num_classes, ignored, metric, argument):
+    """The class ids not in `ignored`, checked: each ignored id is a class, and at least
+    one class is left to score."""
+    ignored = sorted(set(int(c) for c in (ignored or [])))
+    outside = [c for c in ignored if not 0 <= c < num_classes]
+    if outside:
+        raise ValueError(f"{metric}: {argument} {outside} are not class ids of the "
+                         f"{num_classes} classes")
+    kept = [c for c in range(num_classes) if c not in ignored]
+    if not kept:
+        raise ValueError(f"{metric}: {argument} {ignored} leave none of the {num_classes} "
+                         "classes to score")
+    return kept
+
+
+def _scored_mask(num_classes, ignored, metric):
+    """A boolean vector, True for the classes a mean over classes counts."""
+    kept = _kept_classes(num_classes, ignored, metric, "ignore_classes")
+    return torch.tensor([c in kept for c in range(num_classes)])
+
+
 class FBetaScoreMetric(_ConfusionMatrixMetric):
     """The F-beta score, ``(1 + beta^2) * precision * recall / (beta^2 * precision +
     recall)``, of every batch seen.
@@ -71,20 +96,27 @@ class FBetaScoreMetric(_ConfusionMatrixMetric):
     """
 
     def __init__(self, num_classes: int, beta: float = 1.0, average_type: str = "micro",
-                 ignore_labels=None, name: str = "fbeta_score"):
-        super().__init__(num_classes, name)
+                 ignore_labels=None, name=None):
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"'num_classes' should be at least 2, got {num_classes}")
         if not beta > 0:
-            raise ValueError(f"FBetaScoreMetric needs beta > 0, got {beta!r}")
+            raise ValueError(f"'beta' should be a positive number, got {beta}")
         if average_type not in ("micro", "macro"):
-            raise ValueError(f"FBetaScoreMetric's average_type must be 'micro' or 'macro', "
-                             f"got {average_type!r}")
+            raise ValueError(f"The average_type has to be one of ['micro', 'macro'], got "
+                             f"{average_type}.")
         self.beta = float(beta)
         self.average_type = average_type
         self.ignore_labels = list(ignore_labels or [])
-        self._kept = [c for c in range(num_classes) if c not in set(self.ignore_labels)]
-        if not self._kept:
-            raise ValueError(f"FBetaScoreMetric: ignore_labels {self.ignore_labels} leave none "
-                             f"of the {num_classes} classes to score")
+        self._kept = _kept_classes(num_classes, self.ignore_labels, "FBetaScoreMetric",
+                                   "ignore_labels")
+        super().__init__(num_classes, name)
+
+    def update(self, labels, predictions, dtype=None):
+        """Fold one batch in: `labels` and `predictions` are class ids of the same shape
+        (this metric takes no weights). `dtype` is the floating dtype the counts are
+        formed in; they accumulate in float32 whatever it is. A position whose label or
+        prediction is outside ``[0, num_classes)`` is not counted."""
+        super().update(labels, predictions, None, dtype)
 
     def compute(self) -> torch.Tensor:
         b2 = self.beta ** 2
@@ -100,39 +132,52 @@ class FBetaScoreMetric(_ConfusionMatrixMetric):
 class MeanIOUMetric(_ConfusionMatrixMetric):
     """The mean over classes of the intersection over union, ``tp / (tp + fp + fn)``, of
     every batch seen (segmentation masks or any class ids). Classes that never occur,
-    in labels or predictions, are left out of the mean; before any update it is 0.
+    in labels or predictions, and classes in `ignore_classes` are left out of the mean
+    (their positions still count as false positives or negatives of the other classes);
+    before any update it is 0.
 
     Args:
         num_classes: the number of classes.
+        ignore_classes: class ids left out of the mean (a background class).
         name: the name the metric is logged and registered under.
     """
 
-    def __init__(self, num_classes: int, name: str = "mean_iou"):
+    def __init__(self, num_classes: int, ignore_classes=None, name=None):
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"'num_classes' should be at least 2, got {num_classes}")
+        self.ignore_classes = list(ignore_classes or [])
+        self._scored = _scored_mask(num_classes, self.ignore_classes, "MeanIOUMetric")
         super().__init__(num_classes, name)
 
     def compute(self) -> torch.Tensor:
         tp, fp, fn = self._counts()
         union = tp + fp + fn
-        return _mean_over_present(safe_div(tp, union), union > 0)
+        return _mean_over_present(safe_div(tp, union), (union > 0) & self._scored)
 
 
 class DiceCoefficientMetric(_ConfusionMatrixMetric):
     """The mean over classes of the Dice coefficient, ``2 tp / (2 tp + fp + fn)``, of
-    every batch seen. Classes that never occur are left out of the mean; before any
-    update it is 0.
+    every batch seen. Classes that never occur and classes in `ignore_classes` are left
+    out of the mean (their positions still count as false positives or negatives of the
+    other classes); before any update it is 0.
 
     Args:
         num_classes: the number of classes.
+        ignore_classes: class ids left out of the mean (a background class).
         name: the name the metric is logged and registered under.
     """
 
-    def __init__(self, num_classes: int, name: str = "dice_coefficient"):
+    def __init__(self, num_classes: int, ignore_classes=None, name=None):
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"'num_classes' should be at least 2, got {num_classes}")
+        self.ignore_classes = list(ignore_classes or [])
+        self._scored = _scored_mask(num_classes, self.ignore_classes, "DiceCoefficientMetric")
         super().__init__(num_classes, name)
 
     def compute(self) -> torch.Tensor:
         tp, fp, fn = self._counts()
         total = 2 * tp + fp + fn
-        return _mean_over_present(safe_div(2 * tp, total), total > 0)
+        return _mean_over_present(safe_div(2 * tp, total), (total > 0) & self._scored)
 
 
 class MeanPerClassAccuracyMetric(_ConfusionMatrixMetric):
@@ -145,7 +190,7 @@ class MeanPerClassAccuracyMetric(_ConfusionMatrixMetric):
         name: the name the metric is logged and registered under.
     """
 
-    def __init__(self, num_classes: int, name: str = "mean_per_class_accuracy"):
+    def __init__(self, num_classes: int, name=None):
         super().__init__(num_classes, name)
 
     def compute(self) -> torch.Tensor:

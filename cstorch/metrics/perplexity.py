@@ -13,13 +13,13 @@ class PerplexityMetric(Metric):
     update the value is NaN (exp of 0 / 0).
 
     Args:
-        name: the name the metric is logged and registered under.
+        name: the name the metric is logged and registered under (required; None
+            is allowed).
     """
 
-    def __init__(self, name: str = "perplexity"):
-        super().__init__(name)
-        self.register_state("total_loss")
-        self.register_state("total_num_tokens")
+    def reset(self):
+        self.register_state("total_loss", torch.tensor(0.0))
+        self.register_state("total_num_tokens", torch.tensor(0.0))
 
     def update(self, labels, loss, weights=None, dtype=None):
         """Fold one batch in. `dtype` is the floating dtype the loss and weights are taken

@@ -1,21 +1,24 @@
 """Precision and recall of the top-k scored classes against a set of labels per example."""
 import torch
 
-from cstorch.metrics.metric import Metric
+from cstorch.metrics.metric import Metric, in_traced_step, weights_like
 
 
 class _TopKMetric(Metric):
-    def __init__(self, k: int, name: str):
+    def __init__(self, k: int, name=None):
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"{type(self).__name__} needs k, a positive int; got {k!r}")
-        super().__init__(name)
         self.k = k
-        self.register_state("total_hits")
-        self.register_state("total_count")
+        super().__init__(name)
 
-    def _rows(self, labels, predictions):
-        """`labels` as (examples, labels per example), `predictions` as (examples,
-        classes), and the top k classes of each example."""
+    def reset(self):
+        self.register_state("total_hits", torch.tensor(0.0))
+        self.register_state("total_count", torch.tensor(0.0))
+
+    def _found(self, labels, predictions, weights):
+        """Per example: its weight, and how many of its labels (each occurrence of a
+        repeated one counting) are among its k best-scored classes. Also the number of
+        labels per example."""
         if labels.dim() == predictions.dim() - 1:
             labels = labels.unsqueeze(-1)
         if labels.dim() != predictions.dim() or labels.shape[:-1] != predictions.shape[:-1]:
@@ -27,24 +30,35 @@ class _TopKMetric(Metric):
         if self.k > classes:
             raise ValueError(f"{type(self).__name__}: k={self.k} is more than the "
                              f"{classes} classes scored by predictions")
-        labels = labels.reshape(-1, labels.shape[-1]).long()
+        w = weights_like(weights, labels[..., 0]).reshape(-1)
+        per_example = labels.shape[-1]
+        labels = labels.reshape(-1, per_example).long()
         predictions = predictions.reshape(-1, classes)
         # Ties go to the later class, the same on every backend (torch.topk leaves the
         # order of ties unspecified): a stable descending sort of the reversed scores.
         order = torch.sort(predictions.flip(-1), dim=-1, descending=True, stable=True).indices
         top = (classes - 1) - order[:, :self.k]
-        return labels, top
+        found = (labels.unsqueeze(-1) == top.unsqueeze(-2)).any(-1).float().sum(-1)
+        return w, found, per_example
 
-    def compute(self) -> torch.Tensor:
+    def compute(self) -> float:
+        """The value, as a Python float (inside a traced step, a tensor of the step)."""
+        value = self._value()
+        return value if in_traced_step() else float(value)
+
+    def _value(self) -> torch.Tensor:
         return self.total_hits / self.total_count
 
 
 class PrecisionAtKMetric(_TopKMetric):
-    """Precision at k: the fraction of each example's k best-scored classes that are
-    among its labels, pooled over every example seen. Before any update it is NaN.
+    """Precision at k: how many of each example's labels are among its k best-scored
+    classes, over k, averaged over every example seen (weighted by `weights`). A label
+    repeated in an example counts once per occurrence, so with repeated labels the value
+    can exceed 1. `compute()` returns a Python float; before any update it is NaN.
 
     Call it with `labels` (class ids, shape (..., num_labels), or (...) for one label per
-    example) and `predictions` (scores, shape (..., num_classes)); the k classes with the
+    example), `predictions` (scores, shape (..., num_classes)) and optionally `weights`
+    (one per example, broadcastable to the examples' shape); the k classes with the
     highest scores are the predicted ones, ties going to the later class.
 
     Args:
@@ -52,24 +66,25 @@ class PrecisionAtKMetric(_TopKMetric):
         name: the name the metric is logged and registered under.
     """
 
-    def __init__(self, k: int, name: str = "precision_at_k"):
+    def __init__(self, k: int, name=None):
         super().__init__(k, name)
 
-    def update(self, labels, predictions):
+    def update(self, labels, predictions, weights=None):
         """Fold one batch of examples in."""
-        labels, top = self._rows(labels, predictions)
-        hits = (top.unsqueeze(-1) == labels.unsqueeze(-2)).any(-1)
-        self.total_hits.add_(hits.float().sum())
-        self.total_count.add_(float(top.numel()))
+        w, found, _ = self._found(labels, predictions, weights)
+        self.total_hits.add_((w * found).sum())
+        self.total_count.add_(w.sum() * self.k)
 
 
 class RecallAtKMetric(_TopKMetric):
     """Recall at k: the fraction of labels found among their example's k best-scored
-    classes, pooled over every label seen. Every label counts, a repeated one or one
-    outside ``[0, num_classes)`` (never found) included. Before any update it is NaN.
+    classes, over every example seen (each example's labels weighted by its weight).
+    Every label counts, a repeated one or one outside ``[0, num_classes)`` (never found)
+    included. `compute()` returns a Python float; before any update it is NaN.
 
     Call it with `labels` (class ids, shape (..., num_labels), or (...) for one label per
-    example) and `predictions` (scores, shape (..., num_classes)); the k classes with the
+    example), `predictions` (scores, shape (..., num_classes)) and optionally `weights`
+    (one per example, broadcastable to the examples' shape); the k classes with the
     highest scores are the predicted ones, ties going to the later class.
 
     Args:
@@ -77,12 +92,11 @@ class RecallAtKMetric(_TopKMetric):
         name: the name the metric is logged and registered under.
     """
 
-    def __init__(self, k: int, name: str = "recall_at_k"):
+    def __init__(self, k: int, name=None):
         super().__init__(k, name)
 
-    def update(self, labels, predictions):
+    def update(self, labels, predictions, weights=None):
         """Fold one batch of examples in."""
-        labels, top = self._rows(labels, predictions)
-        found = (labels.unsqueeze(-1) == top.unsqueeze(-2)).any(-1)
-        self.total_hits.add_(found.float().sum())
-        self.total_count.add_(float(labels.numel()))
+        w, found, per_example = self._found(labels, predictions, weights)
+        self.total_hits.add_((w * found).sum())
+        self.total_count.add_(w.sum() * per_example)
