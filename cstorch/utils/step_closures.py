@@ -5,7 +5,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from cstorch.tracing import capturing
-from cstorch.utils.data.executor import is_checkpoint_step
+from cstorch.utils.data.executor import defer_checkpoint_closure, defer_step_closure
 
 
 def _receiving(closure):
@@ -28,29 +28,32 @@ def _receiving(closure):
 
 
 def step_closure(closure):
-    """Wrap `closure` so that a call inside a traced step runs after every step, with that
-    step's computed tensors; a call outside a traced step runs right where it is made."""
+    """Wrap `closure` so that it runs once the step is done, with that step's computed
+    tensors: called inside a traced step or in a `DataExecutor` loop's body, it runs when
+    the loop's body ends, in call order with the step's other closures; called with no
+    executor running, right where the call is made."""
     @functools.wraps(closure)
     def wrapper(*args, **kwargs):
         ctx = capturing.get()
         if ctx is not None:
             ctx.record_closure(_receiving(closure), args, kwargs, checkpoint_only=False)
             return None
-        return closure(*args, **kwargs)
+        defer_step_closure(closure, args, kwargs)
+        return None
     return wrapper
 
 
 def checkpoint_closure(closure):
     """Wrap `closure` so that it runs only on checkpoint steps (as the `DataExecutor`'s
-    `checkpoint_steps` configures them). It may be called on every step; outside a
-    `DataExecutor` it runs whenever it is called."""
+    `checkpoint_steps` configures them), once the loop's body is done. It may be called on
+    every step; a call between an executor's creation and its loop runs when the loop
+    starts; a call with no executor raises a RuntimeError."""
     @functools.wraps(closure)
     def wrapper(*args, **kwargs):
         ctx = capturing.get()
         if ctx is not None:
             ctx.record_closure(_receiving(closure), args, kwargs, checkpoint_only=True)
             return None
-        if is_checkpoint_step():
-            return closure(*args, **kwargs)
+        defer_checkpoint_closure(closure, args, kwargs)
         return None
     return wrapper
