@@ -324,7 +324,7 @@ class DataExecutor:
         if _uploads(backend.mesh):
             self._upload = _uploader(backend.mesh)
         first = self.dataloader.dataloader
-        saves_position = self.dataloader.is_restartable() or hasattr(first, "state_dict")
+        saves_position = self.dataloader.is_restartable or hasattr(first, "state_dict")
         self._reads_ahead = self.checkpoint_steps is not None or not saves_position
 
     def _next_batch(self):
