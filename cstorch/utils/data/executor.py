@@ -270,7 +270,7 @@ class DataExecutor:
         self._index = -1
         progress = _Progress(self)
         self._keeps_output = not progress.bar.disable
-        self._profiler.on_start()
+        self._profiler.on_start(self.num_steps, self.backend is not None and self.backend.is_csx)
         try:
             self._run_closures()    # the checkpoint closures called before the loop
             self._start_prefetch()
