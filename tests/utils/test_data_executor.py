@@ -17,8 +17,8 @@ def _loader(n_batches=4, batch=2):
     return DataLoader(input_fn)
 
 
-def _traced_step(step_calls, checkpoint_calls):
-    cstorch.backend("CPU")
+def _traced_step(step_calls, checkpoint_calls, backend=("CPU",), **backend_kwargs):
+    cstorch.backend(*backend, **backend_kwargs)
     model = nn.Linear(1, 1)
     compiled = cstorch.compile(model)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.01)
@@ -94,6 +94,22 @@ def test_activation_steps_are_reduced_to_divide_checkpoint_steps(caplog):
     assert [s[1] for s in steps] == pytest.approx(losses)
     assert checkpoints == [6, 12]
     assert [i for i, a in enumerate(activation, 1) if a] == [2, 4, 6, 8, 10, 12]
+
+
+def test_on_csx_step_closures_run_on_activation_steps_only(tmp_path):
+    """A Cerebras system fetches values on activation steps only: there, as on the real
+    CSX backend, step closures run on those steps; checkpoint closures on checkpoint
+    steps."""
+    steps, checkpoints = [], []
+    step = _traced_step(steps, checkpoints, ("CSX",), artifact_dir=str(tmp_path))
+    try:
+        executor = DataExecutor(_loader(), num_steps=6, checkpoint_steps=4, activation_steps=2)
+        for batch in executor:
+            step(batch)
+    finally:
+        cstorch.backend("CPU")
+    assert [s[0] for s in steps] == [2, 4, 6]
+    assert checkpoints == [4, 6]
 
 
 def test_activation_steps_are_every_nth_and_the_last_step(caplog):
