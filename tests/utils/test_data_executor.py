@@ -1,6 +1,5 @@
 """DataExecutor: num_steps, checkpoint schedules, activation steps, deprecated arguments,
 the profiler and the run's artifact directory."""
-import warnings
 
 import pytest
 import torch
