@@ -13,16 +13,18 @@ appliance: `appliance_response` is None and `host_activities` is stored only. Fo
 op-level timings of a lowered step, profile it with `jax.profiler` (XLA names each op
 after its ATen op and model line).
 """
+import gzip
 import json
 import os
+import socket
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-from cstorch.utils.profiler import add_run_listener, remove_run_listener
-
-__all__ = ["profile", "schedule", "ProfilerSchedule"]
+__all__ = ["profile", "schedule", "ProfilerSchedule", "ProfilerRegistry",
+           "tensorboard_trace_handler"]
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,9 @@ class ProfilerSchedule:
             (self.end_step < 0 or step <= self.end_step)
 
 
-def schedule(*, start_step: int = -1, end_step: int = -1) -> ProfilerSchedule:
+def schedule(*, start_step: int, end_step: int) -> ProfilerSchedule:
     """The steps a `profile` records: `start_step` to `end_step` inclusive, numbered from
-    1 within each executor run; -1 (default) leaves that end open."""
+    1 within each executor run; -1 leaves that end open."""
     for name, value in (("start_step", start_step), ("end_step", end_step)):
         if not isinstance(value, int) or isinstance(value, bool) or (value < 1 and value != -1):
             raise ValueError(f"{name} must be a positive int or -1, got {value!r}")
@@ -48,25 +50,69 @@ def schedule(*, start_step: int = -1, end_step: int = -1) -> ProfilerSchedule:
     return ProfilerSchedule(start_step, end_step)
 
 
+class ProfilerRegistry:
+    """The profile that is open (at most one): executors report their steps to it."""
+
+    _profiler: Optional["profile"] = None
+
+    @classmethod
+    def get_profiler(cls) -> Optional["profile"]:
+        """The open profile, or None."""
+        return cls._profiler
+
+    @classmethod
+    def set_profiler(cls, profiler: "profile") -> None:
+        """Make `profiler` the open profile; an error while another one is open."""
+        if cls._profiler is not None and cls._profiler is not profiler:
+            raise RuntimeError("a cstorch.profiler.profile is already open; close it before "
+                               "opening another")
+        cls._profiler = profiler
+
+    @classmethod
+    def unset_profiler(cls) -> None:
+        """No profile is open any more."""
+        cls._profiler = None
+
+
+def tensorboard_trace_handler(dir_name, worker_name: Optional[str] = None,
+                              use_gzip: bool = False) -> Callable[["profile"], None]:
+    """An `on_trace_ready` handler writing the profile's Chrome trace into `dir_name` as
+    ``{worker_name}.{time in ns}.pt.trace.json`` (``.gz`` with `use_gzip`), where the
+    TensorBoard profiler plugin finds it. `worker_name` defaults to ``{host}_{pid}``."""
+    directory = os.fspath(dir_name)
+
+    def handler(prof: "profile") -> None:
+        os.makedirs(directory, exist_ok=True)
+        worker = worker_name or f"{socket.gethostname()}_{os.getpid()}"
+        name = f"{worker}.{time.time_ns()}.pt.trace.json" + (".gz" if use_gzip else "")
+        prof.export_chrome_trace(os.path.join(directory, name))
+    return handler
+
+
 class profile:
     """Record the steps executors run while the profile is open (see the module doc).
 
-    - `schedule`: a `ProfilerSchedule` (`schedule(...)`); None records every step;
+    - `schedule`: the steps to record, from `cstorch.profiler.schedule(...)`;
     - `host_activities`: on a Cerebras system, the hosts (ACT, WGT, CSX numbers) whose
-      activity to collect; stored only, as there are no such hosts here.
+      activity to collect; stored only, as there are no such hosts here;
+    - `on_trace_ready`: called with the profile once it closes and its trace is complete
+      (e.g. `tensorboard_trace_handler(dir)`).
 
     After the block, `events` lists each recorded step as a dict (`run`, `step`,
     `start_s`, `duration_s`, `samples`).
     """
 
-    def __init__(self, schedule: Optional[ProfilerSchedule] = None,
-                 host_activities: Optional[List[str]] = None, **kwargs):
-        if schedule is not None and not isinstance(schedule, ProfilerSchedule):
+    def __init__(self, *, schedule: ProfilerSchedule, host_activities: Optional[List[str]] = None,
+                 on_trace_ready: Optional[Callable[["profile"], Any]] = None):
+        if not isinstance(schedule, ProfilerSchedule):
             raise TypeError(f"schedule must come from cstorch.profiler.schedule(), got "
                             f"{type(schedule).__name__}")
-        self.schedule = schedule or ProfilerSchedule()
+        if on_trace_ready is not None and not callable(on_trace_ready):
+            raise TypeError(f"on_trace_ready must be a callable taking the profile, got "
+                            f"{type(on_trace_ready).__name__}")
+        self.schedule = schedule
         self.host_activities = list(host_activities or [])
-        self.options: Dict[str, Any] = kwargs
+        self.on_trace_ready = on_trace_ready
         self.appliance_response = None
         self.events: List[Dict[str, Any]] = []
         self._runs: List[dict] = []       # open runs, innermost last
@@ -78,16 +124,27 @@ class profile:
     def __enter__(self):
         if self._open:
             raise RuntimeError("this profile is already open")
+        ProfilerRegistry.set_profiler(self)
         self._open = True
         self._origin = time.perf_counter()
-        add_run_listener(self)
         return self
 
     def __exit__(self, *exc):
-        remove_run_listener(self)
+        ProfilerRegistry.unset_profiler()
         self._open = False
         self._runs.clear()
+        if self.on_trace_ready is not None and exc[0] is None:
+            self.on_trace_ready(self)
         return False
+
+    def configure_profiler(self, is_csx: bool, num_steps: int) -> None:
+        """Called by an executor when its run of `num_steps` steps starts (`is_csx`: on
+        the CSX backend). Warns when the schedule starts after the run's last step: such a
+        run records nothing."""
+        start = self.schedule.start_step
+        if start > num_steps:
+            warnings.warn(f"cstorch.profiler.profile: the schedule starts at step {start} but "
+                          f"the run has {num_steps} steps, so it records nothing", stacklevel=3)
 
     # told by every executor run ----------------------------------------------------------
     def on_run_start(self):
@@ -112,8 +169,8 @@ class profile:
 
     # results -------------------------------------------------------------------------
     def export_chrome_trace(self, path) -> None:
-        """Write the recorded steps to `path` as a Chrome trace (JSON): one complete event
-        per step, one track per executor run."""
+        """Write the recorded steps to `path` as a Chrome trace (JSON, gzipped when the
+        path ends in ``.gz``): one complete event per step, one track per executor run."""
         events = [{"name": f"step {e['step']}", "ph": "X", "pid": os.getpid(), "tid": e["run"],
                    "ts": e["start_s"] * 1e6, "dur": e["duration_s"] * 1e6,
                    "cat": "step", "args": {"samples": e["samples"]}} for e in self.events]
@@ -123,7 +180,8 @@ class profile:
         path = os.fspath(path)
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        with open(path, "w") as f:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "wt") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
 
     def get_summary(self) -> str:

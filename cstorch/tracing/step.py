@@ -33,7 +33,9 @@ from cstorch.tracing import index_check, micro_batch, python_values
 from cstorch.tracing.arguments import fingerprint, split_call
 from cstorch.tracing.changes import describe_graph_change, describe_key_change
 from cstorch.tracing.capture import Program, capture_program, capturing
-from cstorch.utils.data.executor import is_activation_step, is_checkpoint_step, note_step_output
+from cstorch.utils.data.executor import (defer_checkpoint_closure, defer_step_closure,
+                                         is_checkpoint_step, note_step_output,
+                                         runs_step_closures)
 
 
 log = logging.getLogger("cstorch")
@@ -371,16 +373,21 @@ class TracedStep:
 
     @staticmethod
     def _run_closures(program, values):
+        """Hand the step's closures, with this step's values, to the running executor: they
+        run once the loop's body is done, in the order they were called."""
         it = iter(values)
-        fetched = is_activation_step()
+        fetched = runs_step_closures()
         for call in program.closures:
             leaves = list(call.leaves)
             for pos in call.tensor_positions:
                 leaves[pos] = next(it)
-            if not (is_checkpoint_step() if call.checkpoint_only else fetched):
+            if not (call.checkpoint_only or fetched):
                 continue
             args, kwargs = pytree.tree_unflatten(leaves, call.spec)
-            call.fn(*args, **kwargs)
+            if call.checkpoint_only:
+                defer_checkpoint_closure(call.fn, args, kwargs)
+            else:
+                defer_step_closure(call.fn, args, kwargs)
 
     # JAX-native access ----------------------------------------------------------------
     def to_jax(self, *args, **kwargs) -> "JaxStep":

@@ -2,10 +2,12 @@
 from cstorch.utils import (benchmark, call_once, data, kernel, nest, num_kv_groups, profiler,
                            tracker, utils)
 from cstorch.utils.cs_config import CSConfig
+from cstorch.utils.data import DataLoader, SyntheticDataset
 from cstorch.utils.step_closures import checkpoint_closure, step_closure
 
 __all__ = ["benchmark", "data", "profiler", "CSConfig", "step_closure", "checkpoint_closure",
-           "call_once", "kernel", "nest", "num_kv_groups", "tracker", "utils"]
+           "call_once", "kernel", "nest", "num_kv_groups", "tracker", "utils", "DataLoader",
+           "SyntheticDataset"]
 
 
 def __getattr__(name):

@@ -2,31 +2,26 @@
 
 An executor's `profiler` always tracks samples and rates (`profiler.rate_tracker`);
 `DataExecutor(profiler_activities=[...])` adds user-defined `Activity` subclasses, each
-told when the run starts, after every step (with the step's batch) and when it ends.
+told when the run starts, after every step (`update()`, as the real package calls it,
+and `on_step(batch, samples)` with the step's batch) and when it ends. A
+`cstorch.profiler.profile` that is open hears of every run too.
 """
 import time
 from typing import Any, Dict, List, Optional, Type
 
-# Objects told about every executor run (`cstorch.profiler.profile` while it is open):
-# each has on_run_start(), on_run_step(samples) and on_run_stop().
-_run_listeners: List[Any] = []
-
-
-def add_run_listener(listener) -> None:
-    """Tell `listener` about every executor run from now on."""
-    _run_listeners.append(listener)
-
-
-def remove_run_listener(listener) -> None:
-    if listener in _run_listeners:
-        _run_listeners.remove(listener)
+from cstorch.profiler import ProfilerRegistry
 
 
 class Activity:
     """Something measured over a run. Subclasses override the hooks they need and are
-    constructed by the executor without arguments."""
+    constructed by the executor without arguments; the profiler holds each under its
+    `name` (the class name by default): ``executor.profiler.activities[name]``, or
+    ``executor.profiler.<name>``."""
 
     name: Optional[str] = None
+
+    def update(self) -> None:
+        """A step finished: update the activity."""
 
     def on_start(self) -> None:
         """The run begins (before its first batch)."""
@@ -103,6 +98,7 @@ class Profiler:
     `profiler.activities["name"]`."""
 
     def __init__(self, activities: Optional[List[Type[Activity]]] = None):
+        self._profile = None   # the cstorch.profiler.profile open during the run
         self.rate_tracker = RateTracker()
         self.activities: Dict[str, Activity] = {self.rate_tracker.name: self.rate_tracker}
         for cls in activities or []:
@@ -116,11 +112,19 @@ class Profiler:
                 raise ValueError(f"two profiler activities are named {name!r}")
             self.activities[name] = activity
 
-    def on_start(self):
+    def __getattr__(self, name):
+        activities = self.__dict__.get("activities", {})
+        if name in activities:
+            return activities[name]
+        raise AttributeError(f"the profiler has no activity {name!r}")
+
+    def on_start(self, num_steps: int = 0, is_csx: bool = False):
         for a in self.activities.values():
             a.on_start()
-        for listener in list(_run_listeners):
-            listener.on_run_start()
+        self._profile = ProfilerRegistry.get_profiler()
+        if self._profile is not None:
+            self._profile.configure_profiler(is_csx, num_steps)
+            self._profile.on_run_start()
 
     def on_step(self, batch, samples):
         if len(self.activities) == 1:   # the rate tracker alone (runs every step)
@@ -128,15 +132,16 @@ class Profiler:
         else:
             for a in self.activities.values():
                 a.on_step(batch, samples)
-        if _run_listeners:   # runs every step: no list copy when nobody listens
-            for listener in list(_run_listeners):
-                listener.on_run_step(samples)
+                a.update()
+        if self._profile is not None:
+            self._profile.on_run_step(samples)
 
     def on_stop(self):
         for a in self.activities.values():
             a.on_stop()
-        for listener in list(_run_listeners):
-            listener.on_run_stop()
+        if self._profile is not None:
+            self._profile.on_run_stop()
+            self._profile = None
 
     def summary(self) -> Dict[str, Dict[str, Any]]:
         return {name: a.summary() for name, a in self.activities.items()}

@@ -1,11 +1,62 @@
 """`step_closure` and `checkpoint_closure`: Python that runs after a step, with its values."""
 import functools
+from typing import List
 
 import torch
 import torch.utils._pytree as pytree
 
+from cstorch import backend as _backend
 from cstorch.tracing import capturing
-from cstorch.utils.data.executor import is_checkpoint_step
+from cstorch.utils.data.executor import defer_checkpoint_closure, defer_step_closure
+
+__all__ = ["step_closure", "checkpoint_closure", "StepClosureContext", "RepeatStepClosure",
+           "current_backend_impl"]
+
+
+def current_backend_impl(raise_exception: bool = True):
+    """The current backend; with none, a RuntimeError, or None if not `raise_exception`."""
+    return _backend.current_backend_impl(raise_exception=raise_exception)
+
+
+class StepClosureContext:
+    """Which step closures are running: `step_closure_stack` holds the names of the
+    closures being run, innermost last (empty outside of any)."""
+
+    step_closure_stack: List[str] = []
+
+    @classmethod
+    def wrap(cls, closure):
+        """`closure`, registering its name on `step_closure_stack` while it runs."""
+        name = getattr(closure, "__name__", type(closure).__name__)
+
+        @functools.wraps(closure)
+        def wrapped(*args, **kwargs):
+            cls.step_closure_stack.append(name)
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                cls.step_closure_stack.pop()
+        return wrapped
+
+
+class RepeatStepClosure:
+    """A context manager in which the step closures a traced step records are run after
+    every step, not only after the step that recorded them. Closures recorded here always
+    run after every step (a traced step is captured once and its closures replayed), so
+    this changes nothing; it is kept for code written for the real package."""
+
+    active: bool = False
+
+    def __init__(self, *args, **kwargs):
+        self._was = False
+
+    def __enter__(self):
+        self._was, RepeatStepClosure.active = RepeatStepClosure.active, True
+        return self
+
+    def __exit__(self, *exc):
+        RepeatStepClosure.active = self._was
+        return False
 
 
 def _receiving(closure):
@@ -28,29 +79,36 @@ def _receiving(closure):
 
 
 def step_closure(closure):
-    """Wrap `closure` so that a call inside a traced step runs after every step, with that
-    step's computed tensors; a call outside a traced step runs right where it is made."""
+    """Wrap `closure` so that it runs once the step is done, with that step's computed
+    tensors: called inside a traced step or in a `DataExecutor` loop's body, it runs when
+    the loop's body ends, in call order with the step's other closures; called with no
+    executor running, right where the call is made."""
+    running = StepClosureContext.wrap(closure)
+
     @functools.wraps(closure)
     def wrapper(*args, **kwargs):
         ctx = capturing.get()
         if ctx is not None:
-            ctx.record_closure(_receiving(closure), args, kwargs, checkpoint_only=False)
+            ctx.record_closure(_receiving(running), args, kwargs, checkpoint_only=False)
             return None
-        return closure(*args, **kwargs)
+        defer_step_closure(running, args, kwargs)
+        return None
     return wrapper
 
 
 def checkpoint_closure(closure):
     """Wrap `closure` so that it runs only on checkpoint steps (as the `DataExecutor`'s
-    `checkpoint_steps` configures them). It may be called on every step; outside a
-    `DataExecutor` it runs whenever it is called."""
+    `checkpoint_steps` configures them), once the loop's body is done. It may be called on
+    every step; a call between an executor's creation and its loop runs when the loop
+    starts; a call with no executor raises a RuntimeError."""
+    running = StepClosureContext.wrap(closure)
+
     @functools.wraps(closure)
     def wrapper(*args, **kwargs):
         ctx = capturing.get()
         if ctx is not None:
-            ctx.record_closure(_receiving(closure), args, kwargs, checkpoint_only=True)
+            ctx.record_closure(_receiving(running), args, kwargs, checkpoint_only=True)
             return None
-        if is_checkpoint_step():
-            return closure(*args, **kwargs)
+        defer_checkpoint_closure(running, args, kwargs)
         return None
     return wrapper

@@ -109,7 +109,8 @@ def differences(name, info):
         if isinstance(static, property) or not callable(getattr(obj, member)):
             probs.append(f"{member}: not a method")
             continue
-        bound_first = not isinstance(static, staticmethod)
+        # The fixture writes a classmethod with its `cls` (`wrap(cls, closure)`).
+        bound_first = not isinstance(static, (staticmethod, classmethod))
         fn = static.__func__ if isinstance(static, (staticmethod, classmethod)) else static
         got = render(fn, drop_first=bound_first)
         if got != want:

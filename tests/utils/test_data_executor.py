@@ -1,6 +1,5 @@
 """DataExecutor: num_steps, checkpoint schedules, activation steps, deprecated arguments,
 the profiler and the run's artifact directory."""
-import warnings
 
 import pytest
 import torch
@@ -17,8 +16,8 @@ def _loader(n_batches=4, batch=2):
     return DataLoader(input_fn)
 
 
-def _traced_step(step_calls, checkpoint_calls):
-    cstorch.backend("CPU")
+def _traced_step(step_calls, checkpoint_calls, backend=("CPU",), **backend_kwargs):
+    cstorch.backend(*backend, **backend_kwargs)
     model = nn.Linear(1, 1)
     compiled = cstorch.compile(model)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.01)
@@ -66,45 +65,63 @@ def test_int_checkpoint_steps_take_every_multiple_and_the_last_step():
 
 def test_schedule_contents():
     r = Schedule.Range(start=4, end=12, step=5, include_last=True)
-    assert list(r) == [4, 9, 11] and 11 in r and 10 not in r and 3 not in r
-    s = Schedule([Schedule.Range(0, 6, 3), Schedule.Range(start=4, end=None, step=4)])
-    assert s.steps_below(13) == [0, 3, 4, 8, 12]
-    with pytest.raises(ValueError, match="step must be a positive int"):
-        Schedule.Range(start=0, end=5, step=0)
-    with pytest.raises(ValueError, match="include_last needs an end"):
-        Schedule.Range(start=0, include_last=True)
-    with pytest.raises(TypeError, match="Schedule.Range"):
+    assert list(r) == [4, 9, 11] and r.match(11) and not r.match(10) and not r.match(3)
+    s = Schedule([Schedule.Range(0, 6, 3, False), Schedule.Range(6, 13, 4, False)])
+    assert list(s) == [0, 3, 6, 10]
+    with pytest.raises(ValueError, match="step \\(0\\) must be an integer greater than zero"):
+        Schedule.Range(start=0, end=5, step=0, include_last=False)
+    with pytest.raises(ValueError, match="Schedule.Range"):
         Schedule([3])
 
 
-def test_activation_steps_are_reduced_to_divide_checkpoint_steps():
+def test_activation_steps_are_reduced_to_divide_checkpoint_steps(caplog):
+    """activation_steps only says which steps are activation steps: on the CPU backend the
+    step closures run after every step (the real package does), checkpoint closures on
+    checkpoint steps."""
     steps, checkpoints = [], []
     step = _traced_step(steps, checkpoints)
-    with pytest.warns(UserWarning, match="activation_steps=4 reduced to 2"):
+    with caplog.at_level("WARNING"):
         executor = DataExecutor(_loader(), num_steps=12, checkpoint_steps=6, activation_steps=4)
-    assert executor.activation_steps == 2
-    losses = [float(step(batch)) for batch in executor]
-    # step closures run only on activation steps, with that step's values
-    assert [s[0] for s in steps] == [2, 4, 6, 8, 10, 12]
-    assert [s[1] for s in steps] == pytest.approx([losses[i - 1] for i in (2, 4, 6, 8, 10, 12)])
-    assert checkpoints == [6, 12]
-
-
-def test_activation_steps_include_the_last_and_checkpoint_steps():
-    steps, checkpoints = [], []
-    step = _traced_step(steps, checkpoints)
-    schedule = Schedule([Schedule.Range(start=1, end=2)])   # user step 2
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")   # 3 vs a checkpoint at user step 2: reduced to 1
-        with pytest.raises(UserWarning, match="reduced to 1"):
-            DataExecutor(_loader(), num_steps=7, checkpoint_steps=schedule, activation_steps=3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")   # aligned already: no warning
-        executor = DataExecutor(_loader(), num_steps=7, activation_steps=3)
+    assert "Activation frequency was reduced from 4 to 2" in caplog.text
+    assert executor.activation_steps == 2 and executor.run_context.activation_steps == 2
+    activation = []
+    losses = []
     for batch in executor:
-        step(batch)
-    assert [s[0] for s in steps] == [3, 6, 7]
-    assert checkpoints == []   # checkpoint_steps=None: no checkpoints
+        activation.append(executor.run_context.is_activation_step)
+        losses.append(float(step(batch)))
+    assert [s[0] for s in steps] == list(range(1, 13))
+    assert [s[1] for s in steps] == pytest.approx(losses)
+    assert checkpoints == [6, 12]
+    assert [i for i, a in enumerate(activation, 1) if a] == [2, 4, 6, 8, 10, 12]
+
+
+def test_on_csx_step_closures_run_on_activation_steps_only(tmp_path):
+    """A Cerebras system fetches values on activation steps only: there, as on the real
+    CSX backend, step closures run on those steps; checkpoint closures on checkpoint
+    steps."""
+    steps, checkpoints = [], []
+    step = _traced_step(steps, checkpoints, ("CSX",), artifact_dir=str(tmp_path))
+    try:
+        executor = DataExecutor(_loader(), num_steps=6, checkpoint_steps=4, activation_steps=2)
+        for batch in executor:
+            step(batch)
+    finally:
+        cstorch.backend("CPU")
+    assert [s[0] for s in steps] == [2, 4, 6]
+    assert checkpoints == [4, 6]
+
+
+def test_activation_steps_are_every_nth_and_the_last_step(caplog):
+    schedule = Schedule([Schedule.Range(1, 2, 1, False)])   # user step 2
+    with caplog.at_level("WARNING"):
+        DataExecutor(_loader(), num_steps=7, checkpoint_steps=schedule, activation_steps=3)
+    assert "reduced from 3 to 1" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        executor = DataExecutor(_loader(), num_steps=7, activation_steps=3)
+    assert caplog.text == ""   # aligned already: no warning
+    seen = [executor.user_iteration for _ in executor if executor.on_activation_step()]
+    assert seen == [3, 6, 7]
 
 
 def test_num_steps_from_the_dataloader_length_or_a_clear_error():
@@ -167,7 +184,7 @@ def test_bad_arguments():
     for kwargs, match in (({"num_steps": 0}, "num_steps"), ({"activation_steps": 1.5}, "activation_steps"),
                           ({"checkpoint_steps": "often"}, "checkpoint_steps"),
                           ({"profiler_activities": [object]}, "Activity")):
-        with pytest.raises((TypeError, ValueError), match=match):
+        with pytest.raises((TypeError, ValueError, RuntimeError), match=match):
             DataExecutor(_loader(), **kwargs)
 
 

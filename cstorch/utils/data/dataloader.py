@@ -167,7 +167,9 @@ class DataLoader:
                             f"({type(per[0].loader).__name__}) has no length") from None
 
     # state -----------------------------------------------------------------------------
+    @property
     def is_restartable(self) -> bool:
+        """Whether the dataloader `input_fn` returns is a `RestartableDataLoader`."""
         return isinstance(self.dataloader, RestartableDataLoader)
 
     def state_dict(self) -> Dict[str, Any]:

@@ -1,4 +1,5 @@
 """`DataExecutor`: one run over a dataloader, and the step counters of that run."""
+import logging
 import math
 import sys
 import time
@@ -16,15 +17,18 @@ from cstorch.utils.data.workers import Layout
 from cstorch.utils.profiler import Profiler
 
 _current: Optional["DataExecutor"] = None
-
-
-def _positive_int(name, value):
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+# The executor made last and not yet iterated: checkpoint closures called before its loop
+# wait for it.
+_upcoming: Optional["DataExecutor"] = None
+log = logging.getLogger("cstorch")
 
 
 def _deprecated(name, instead):
     warnings.warn(f"DataExecutor({name}=...) is deprecated; {instead}", FutureWarning, stacklevel=3)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class DataExecutor:
@@ -34,15 +38,19 @@ class DataExecutor:
       dataloader without a length needs it. A compile-only or validate-only backend, or
       one exploring micro-batch sizes (`micro_batch_size="explore"`), runs one step. When a
       pass ends before `num_steps`, the next pass begins.
-    - `checkpoint_steps`: None (no checkpoints), an int ``n`` (every ``n``-th step and the
-      last step), or a `Schedule` of zero-based step indices (a callable taking the
-      zero-based index works too). `checkpoint_closure`s run on those steps.
-    - `activation_steps`: how often step outputs are fetched: step closures and
-      summaries run every `activation_steps` steps, on checkpoint steps and on the last
-      step. It is reduced (with a warning) so that checkpoint steps stay multiples of it.
+    - `checkpoint_steps`: None or 0 (no checkpoints), an int ``n`` (every ``n``-th step
+      and the last step), or a `Schedule` of zero-based step indices.
+      `checkpoint_closure`s run on those steps.
+    - `activation_steps`: the interval of steps at which a Cerebras system fetches
+      activations (`run_context.is_activation_step`: every `activation_steps`-th step
+      and the last one). It is lowered, with a logged warning, to the greatest common
+      divisor of itself and every checkpoint step. On the CPU and GPU backends every
+      step's values are at hand, so step closures and summaries run after every step
+      whatever it is; on the CSX backend they run on activation steps only.
     - `profiler_activities`: `cstorch.utils.profiler.Activity` subclasses to run beside
       the samples and rates that `profiler.rate_tracker` always tracks.
-    - `cs_config`, `writer`, `micro_batch_size`: deprecated, with a warning, still
+    - `cs_config`, `writer`, `micro_batch_size` (keyword-only here; the reference documents
+      them as deprecated, the real package no longer takes them): with a warning, still
       honoured: `cs_config` lays out the streaming workers when the CSX backend has no
       `cluster_config`, `writer` receives `summarize_scalar`/`summarize_tensor` values,
       `micro_batch_size` sets `cstorch.backends.csx.performance.micro_batch_size`.
@@ -58,29 +66,33 @@ class DataExecutor:
       taken in the loop stays exact. A batch read ahead that the loop leaves unused
       (`break`) is the first batch of the next executor on that loader.
 
-    An executor is iterated once. While it runs, `cstorch.current_executor()` returns it:
-    `iteration` is the zero-based index of the current step, `user_iteration` the
-    one-based step number.
+    Step closures and checkpoint closures called during a step (in a traced step or in
+    the loop's body) run once the loop's body is done, before the next batch, in the
+    order they were called; checkpoint closures called between the executor's creation
+    and its loop run when the loop starts. Iterating the executor again runs `num_steps`
+    more steps. While it runs, `cstorch.current_executor()` returns it: `iteration` is
+    the zero-based index of the current step, `user_iteration` the one-based step number.
     """
 
     def __init__(self, dataloader: DataLoader, num_steps: Optional[int] = None,
                  checkpoint_steps: Optional[Union[int, Schedule]] = None,
-                 activation_steps: Optional[int] = None, cs_config=None, writer=None,
-                 profiler_activities=None, micro_batch_size=None,
-                 prefetch: bool = False):
+                 activation_steps: Optional[int] = None, profiler_activities=None, *,
+                 cs_config=None, writer=None, micro_batch_size=None, prefetch: bool = False):
         from cstorch.backend import current_backend_impl
         if not isinstance(dataloader, DataLoader):
             raise TypeError("DataExecutor expects a cstorch.utils.data.DataLoader, got "
                             f"{type(dataloader).__name__}; wrap the loader: "
                             f"cstorch.utils.data.DataLoader(lambda: loader)")
-        _positive_int("num_steps", num_steps)
-        _positive_int("activation_steps", activation_steps)
-        if checkpoint_steps is not None and not isinstance(checkpoint_steps, Schedule) \
-                and not callable(checkpoint_steps):
-            if not isinstance(checkpoint_steps, int) or isinstance(checkpoint_steps, bool) \
-                    or checkpoint_steps < 0:
-                raise ValueError(f"checkpoint_steps must be None, a non-negative int or a "
-                                 f"cstorch.utils.data.Schedule, got {checkpoint_steps!r}")
+        if num_steps is not None and (not _is_int(num_steps) or num_steps < 1):
+            raise RuntimeError(f"Expected num_steps >= 1, but got {num_steps}.")
+        if activation_steps is not None and (not _is_int(activation_steps)
+                                             or activation_steps < 1):
+            raise RuntimeError(f"Expected activation_steps to be an integer >= 1 or \"None\". "
+                               f"Got: {activation_steps}")
+        if checkpoint_steps is not None and not isinstance(checkpoint_steps, Schedule) and (
+                not _is_int(checkpoint_steps) or checkpoint_steps < 0):
+            raise ValueError(f"checkpoint_steps must be None, integer, or a Schedule, but got "
+                             f"{checkpoint_steps}.")
         backend = current_backend_impl(raise_exception=False)
         self.backend = backend
 
@@ -120,10 +132,16 @@ class DataExecutor:
         self.dataloader = dataloader
         self.num_steps = num_steps
         self.checkpoint_steps = checkpoint_steps
+        self.checkpoint_schedule = self._schedule(checkpoint_steps, num_steps)
         self.activation_steps = self._aligned(activation_steps)
-        self.profiler = Profiler(profiler_activities)
+        self.run_context = RunContext(self)
+        self._profiler = Profiler(profiler_activities)
         self._index = -1   # the current step's zero-based index (`iteration`)
-        self._used = False
+        # (closure, args, kwargs) called during the current step, run once its body is done;
+        # before the loop, the checkpoint closures to run when it starts.
+        self._closures: list = []
+        global _upcoming
+        _upcoming = self
         self._artifact_dir: Optional[Path] = None
         self.last_output: Optional[torch.Tensor] = None
         self.prefetch = prefetch
@@ -146,23 +164,39 @@ class DataExecutor:
                 f"system(s); pass cluster_config=CSConfig(num_csx=...) to cstorch.backend instead")
         dataloader.use_layout(Layout(cs_config.num_csx, cs_config.num_workers_per_csx))
 
-    def _aligned(self, activation_steps):
+    @staticmethod
+    def _schedule(checkpoint_steps, num_steps) -> Schedule:
+        """The zero-based checkpoint steps: an int ``n`` is every ``n``-th step and the last."""
+        if isinstance(checkpoint_steps, Schedule):
+            return checkpoint_steps
+        if not checkpoint_steps:
+            return Schedule([])
+        every = min(checkpoint_steps, num_steps)
+        return Schedule([Schedule.Range(every - 1, num_steps, every, True)])
+
+    def _aligned(self, activation_steps) -> int:
+        """`activation_steps` lowered to divide every checkpoint step (one-based)."""
         if activation_steps is None:
-            return None
-        aligned = min(activation_steps, self.num_steps)
-        cs = self.checkpoint_steps
-        if isinstance(cs, Schedule):
-            targets = [i + 1 for i in cs.steps_below(self.num_steps)]
-        elif isinstance(cs, int) and cs > 0:
-            targets = [cs]
-        else:
-            targets = []
-        for t in targets:
-            aligned = math.gcd(aligned, t)
+            return 1
+        aligned = activation_steps
+        for index in self.checkpoint_schedule:
+            if index >= self.num_steps:
+                break
+            aligned = math.gcd(aligned, index + 1)
         if aligned != activation_steps:
-            warnings.warn(f"activation_steps={activation_steps} reduced to {aligned} so that it "
-                          f"divides the checkpoint steps and is at most num_steps", stacklevel=3)
+            log.warning(
+                f"Activation frequency was reduced from {activation_steps} to {aligned} because "
+                f"of the checkpoint schedule. This is because some activations may be accessed "
+                f"at any of the checkpoint steps {self.checkpoint_schedule.range()}. To avoid "
+                f"the reduction make sure that activation steps are divisible by all "
+                f"checkpoint steps.")
         return aligned
+
+    @property
+    def profiler(self) -> Profiler:
+        """The run's profiler: `profiler.rate_tracker` (samples and rates) and the
+        `profiler_activities`."""
+        return self._profiler
 
     # Where the run is. Read inside a traced step, each is the value at the capture, built
     # into the program (`_read_while_capturing` warns).
@@ -178,32 +212,29 @@ class DataExecutor:
 
     @property
     def on_final_iteration(self) -> bool:
+        """Whether the current step is the run's last."""
         return _read_while_capturing("on_final_iteration", self._final())
+
+    @property
+    def is_initial_step(self) -> bool:
+        """Whether the current step is the run's first."""
+        return _read_while_capturing("is_initial_step", self._index == 0)
 
     def on_checkpoint_step(self) -> bool:
         return _read_while_capturing("on_checkpoint_step()", self._checkpoint_step())
 
     def on_activation_step(self) -> bool:
-        """Whether this step's outputs are fetched (step closures and summaries run)."""
+        """Whether this step is an activation step (see `activation_steps`)."""
         return _read_while_capturing("on_activation_step()", self._activation_step())
 
     def _final(self) -> bool:
         return self._index + 1 == self.num_steps
 
     def _checkpoint_step(self) -> bool:
-        cs = self.checkpoint_steps
-        if cs is None or self._index < 0:
-            return False
-        if isinstance(cs, Schedule):
-            return self._index in cs
-        if callable(cs):
-            return bool(cs(self._index))
-        return (cs > 0 and (self._index + 1) % cs == 0) or self._final()
+        return self._index >= 0 and self.checkpoint_schedule.match(self._index)
 
     def _activation_step(self) -> bool:
-        a = self.activation_steps
-        return (a is None or (self._index + 1) % a == 0 or self._final()
-                or self._checkpoint_step())
+        return (self._index + 1) % self.activation_steps == 0 or self._final()
 
     @property
     def artifact_dir(self) -> Path:
@@ -230,35 +261,52 @@ class DataExecutor:
         return self.num_steps
 
     def __iter__(self):
-        global _current
-        if self._used:
-            raise RuntimeError("a DataExecutor can be iterated only once; create a new one for "
-                               "another run")
-        self._used = True
+        global _current, _upcoming
+        if _upcoming is self:
+            _upcoming = None
         # An executor run inside another's loop (an eval run between training steps)
         # hands `current_executor()` back to the outer one when it ends.
         outer, _current = _current, self
+        self._index = -1
         progress = _Progress(self)
         self._keeps_output = not progress.bar.disable
-        self.profiler.on_start()
+        self._profiler.on_start(self.num_steps, self.backend is not None and self.backend.is_csx)
         try:
+            self._run_closures()    # the checkpoint closures called before the loop
             self._start_prefetch()
-            on_step = self.profiler.on_step
+            on_step = self._profiler.on_step
             shown = None if progress.bar.disable else progress.update
             for index in range(self.num_steps):
                 batch, samples = self._next_batch()
                 self._index = index
-                yield batch
+                try:
+                    yield batch
+                except GeneratorExit:   # `break`: the step's closures still run
+                    self._run_closures()
+                    raise
+                self._run_closures()
                 on_step(batch, samples)
                 if shown is not None:
                     shown()
         finally:
+            self._closures.clear()
             if isinstance(self._ahead, tuple):   # left unused: the next executor's first batch
                 self.dataloader.__dict__[_UNUSED] = self._ahead[0]
             self._ahead = None
-            self.profiler.on_stop()
+            self._profiler.on_stop()
             progress.close()
             _current = outer
+
+    def queue_closure(self, fn, args=(), kwargs=None) -> None:
+        """Run ``fn(*args, **kwargs)`` once the current step's loop body is done (before
+        the loop, once it starts)."""
+        self._closures.append((fn, args, kwargs or {}))
+
+    def _run_closures(self):
+        # A closure may call others: they run in this round too.
+        while self._closures:
+            fn, args, kwargs = self._closures.pop(0)
+            fn(*args, **kwargs)
 
     # prefetching -------------------------------------------------------------------------
     def _start_prefetch(self):
@@ -276,7 +324,7 @@ class DataExecutor:
         if _uploads(backend.mesh):
             self._upload = _uploader(backend.mesh)
         first = self.dataloader.dataloader
-        saves_position = self.dataloader.is_restartable() or hasattr(first, "state_dict")
+        saves_position = self.dataloader.is_restartable or hasattr(first, "state_dict")
         self._reads_ahead = self.checkpoint_steps is not None or not saves_position
 
     def _next_batch(self):
@@ -419,9 +467,40 @@ def is_checkpoint_step() -> bool:
 
 
 def is_activation_step() -> bool:
-    """Whether step closures run now: on activation steps of the running executor, or
-    always when no executor is running."""
+    """Whether the running executor's current step is an activation step (True when no
+    executor is running)."""
     return True if _current is None else _current._activation_step()
+
+
+def runs_step_closures() -> bool:
+    """Whether a traced step's step closures run after this step: always, except on the
+    CSX backend off activation steps, where a Cerebras system fetches no values."""
+    if _current is None or _current.backend is None or not _current.backend.is_csx:
+        return True
+    return _current._activation_step()
+
+
+def defer_step_closure(fn, args=(), kwargs=None) -> None:
+    """Run a step closure once the running executor's loop body is done; with no executor
+    running, now."""
+    if _current is not None:
+        _current.queue_closure(fn, args, kwargs)
+    else:
+        fn(*args, **(kwargs or {}))
+
+
+def defer_checkpoint_closure(fn, args=(), kwargs=None) -> None:
+    """Run a checkpoint closure once the running executor's loop body is done, if this
+    is a checkpoint step; before an executor's loop, when it starts; with no executor,
+    an error (as in the real package: a checkpoint belongs to a run)."""
+    if _current is not None:
+        if _current._checkpoint_step():
+            _current.queue_closure(fn, args, kwargs)
+    elif _upcoming is not None:
+        _upcoming.queue_closure(fn, args, kwargs)
+    else:
+        raise RuntimeError("Cannot fetch a checkpoint outside of an execution context. Please "
+                           "make all calls to any checkpoint closures inside the training loop.")
 
 
 def note_step_output(results) -> None:
@@ -435,3 +514,31 @@ def note_step_output(results) -> None:
             _current.last_output = first
     if _current._reads_ahead:
         _current._read_ahead()
+
+
+class RunContext:
+    """What the real package's `executor.run_context` tells about the run: the checkpoint
+    schedule, the effective `activation_steps` and where the current step stands."""
+
+    def __init__(self, executor: DataExecutor):
+        self._executor = executor
+
+    @property
+    def checkpoint_schedule(self) -> Schedule:
+        return self._executor.checkpoint_schedule
+
+    @property
+    def activation_steps(self) -> int:
+        return self._executor.activation_steps
+
+    @property
+    def num_steps(self) -> int:
+        return self._executor.num_steps
+
+    @property
+    def is_checkpoint_step(self) -> bool:
+        return self._executor._checkpoint_step()
+
+    @property
+    def is_activation_step(self) -> bool:
+        return self._executor._activation_step()

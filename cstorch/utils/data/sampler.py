@@ -35,7 +35,7 @@ class DistributedSampler(torch.utils.data.Sampler):
 
     - `seed`: None means 0, so that every worker draws the same order.
     - `start_index`: samples of the first epoch to skip (as if streamed already).
-    - `set_state(samples_streamed)`: continue after that many samples were streamed over
+    - `set_state(start_index)`: continue after that many samples were streamed over
       all workers (what `RestartableDataLoader.load_state_dict` passes), from the epoch
       and the batch that follow them. The order is exact across a restart; across epoch
       boundaries it follows the workers' turns when each epoch's batches split evenly
@@ -128,13 +128,12 @@ class DistributedSampler(torch.utils.data.Sampler):
         """Make the next epoch number `epoch` (its shuffle uses ``seed + epoch``)."""
         self.epoch, self._start = int(epoch), 0
 
-    def set_state(self, samples_streamed: int) -> None:
-        """Continue as if `samples_streamed` samples (over all workers, counting padding)
-        were streamed since the first epoch began."""
-        if samples_streamed < 0:
-            raise ValueError(f"samples_streamed must be non-negative, got {samples_streamed}")
-        units = samples_streamed if self.batch_size is None else \
-            samples_streamed // self.batch_size
+    def set_state(self, start_index: int) -> None:
+        """Continue as if `start_index` samples (over all workers, counting padding) were
+        streamed since the first epoch began."""
+        if not isinstance(start_index, int) or start_index < 0:
+            raise ValueError(f"start_index must be a non-negative int, got {start_index!r}")
+        units = start_index if self.batch_size is None else start_index // self.batch_size
         per_epoch = self.units_per_epoch
         if per_epoch == 0:
             self.epoch, self._start = 0, 0

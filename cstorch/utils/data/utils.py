@@ -1,116 +1,130 @@
 """`cstorch.utils.data.utils`: the checkpoint `Schedule` and `infer_batch_size`."""
-import math
-from dataclasses import dataclass, field
-from typing import Any, Iterator, List, Optional
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 import torch.utils._pytree as pytree
 
+# The class's public path, as error messages name it.
+_RANGE_PATH = "cerebras.pytorch.utils.data.utils.Schedule.Range"
+
 
 @dataclass
 class Schedule:
-    """A set of zero-indexed steps, the union of `ranges`.
+    """A set of zero-indexed steps: the union of non-overlapping `intervals`, each a
+    `Schedule.Range`, sorted by start.
 
     `DataExecutor(checkpoint_steps=Schedule([...]))` takes a checkpoint after every step
-    whose zero-based index is in the schedule.
+    whose zero-based index the schedule holds.
     """
 
     @dataclass
     class Range:
-        """Steps ``start, start + step, ...`` below `end` (no end: without bound); with
-        `include_last`, also ``end - 1``, the range's last step."""
+        """The steps ``start, start + step, ...`` below `end`; with `include_last`, also
+        ``end - 1``, the last step before `end`."""
         start: int
-        end: Optional[int] = None
-        step: int = 1
-        include_last: bool = False
+        end: int
+        step: int
+        include_last: bool
 
         def __post_init__(self):
-            for name in ("start", "end", "step"):
-                value = getattr(self, name)
-                if value is None and name == "end":
-                    continue
-                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise ValueError(f"Schedule.Range {name} must be a non-negative int, got {value!r}")
-            if self.step < 1:
-                raise ValueError(f"Schedule.Range step must be a positive int, got {self.step}")
-            if self.end is None and self.include_last:
-                raise ValueError("Schedule.Range include_last needs an end")
-
-        def __contains__(self, index: int) -> bool:
-            if self.include_last and self.end is not None and index == self.end - 1 \
-                    and index >= self.start:
-                return True
-            return (index >= self.start and (self.end is None or index < self.end)
-                    and (index - self.start) % self.step == 0)
-
-        def __iter__(self) -> Iterator[int]:
-            index = self.start
-            while self.end is None or index < self.end:
-                yield index
-                index += self.step
-            last = (self.end or 0) - 1
-            if self.include_last and last >= self.start and (last - self.start) % self.step:
-                yield last
+            if not _is_int(self.start) or self.start < 0:
+                raise ValueError(f"start ({self.start}) must an integer >= 0.")
+            if not _is_int(self.end) or self.end <= self.start:
+                raise ValueError(f"end ({self.end}) must be an integer greater than start "
+                                 f"{self.start}.")
+            if not _is_int(self.step) or self.step <= 0:
+                raise ValueError(f"step ({self.step}) must be an integer greater than zero.")
+            if not isinstance(self.include_last, bool):
+                raise ValueError(f"include_last must be a bool, got {type(self.include_last)}")
 
         def range(self) -> range:
-            """The regular steps ``start, start + step, ...`` below `end` as a `range`,
-            without the `include_last` step. Needs an end."""
-            if self.end is None:
-                raise TypeError("Schedule.Range.range() needs an end")
+            """The regular steps ``start, start + step, ...`` below `end`, without the
+            `include_last` step."""
             return range(self.start, self.end, self.step)
 
+        def _extra(self) -> bool:
+            """Whether `include_last` adds ``end - 1`` to the regular steps."""
+            return self.include_last and (self.end - 1 - self.start) % self.step != 0
+
+        def __iter__(self) -> Iterator[int]:
+            yield from self.range()
+            if self._extra():
+                yield self.end - 1
+
         def __len__(self) -> int:
-            """How many steps the range holds, the `include_last` step included. Needs an
-            end."""
-            if self.end is None:
-                raise TypeError("an unbounded Schedule.Range has no length")
-            regular = self.range()
-            last = self.end - 1
-            extra = self.include_last and last >= self.start and (last - self.start) % self.step
-            return len(regular) + (1 if extra else 0)
+            return len(self.range()) + self._extra()
 
-        def next_immediate_step(self, index: int) -> int:
-            """The first step of the progression ``start, start + step, ...`` at or after
-            `index` (the end is not considered): where a copy of the range starts to hold
-            only the steps still to come."""
-            if index <= self.start:
+        @property
+        def final_step(self) -> int:
+            """The range's last step."""
+            return self.end - 1 if self._extra() else self.range()[-1]
+
+        def match(self, step: int) -> bool:
+            """Whether the range holds `step`."""
+            return step in self.range() or (self._extra() and step == self.end - 1)
+
+        def next_immediate_step(self, target: int) -> int:
+            """The first step of the range at or after `target`; a ValueError past
+            `final_step`."""
+            final = self.final_step
+            if target > final:
+                raise ValueError(f"Target {target} exceeds the last interval step {final}")
+            if target <= self.start:
                 return self.start
-            return self.start + -(-(index - self.start) // self.step) * self.step
+            regular = self.start + -(-(target - self.start) // self.step) * self.step
+            return regular if regular < self.end else final
 
-    ranges: List[Range] = field(default_factory=list)
+    intervals: List[Range]
 
     def __post_init__(self):
-        if isinstance(self.ranges, Schedule.Range):
-            self.ranges = [self.ranges]
-        self.ranges = list(self.ranges)
-        for r in self.ranges:
-            if not isinstance(r, Schedule.Range):
-                raise TypeError(f"a Schedule holds Schedule.Range objects, got {type(r).__name__}")
+        for interval in self.intervals:
+            if not isinstance(interval, Schedule.Range):
+                raise ValueError(f"interval must of type <class '{_RANGE_PATH}'>")
+        for before, after in zip(self.intervals, self.intervals[1:]):
+            if after.start < before.end:
+                raise ValueError(f"Intervals must be non-overlapping ranges, but got "
+                                 f"{self.intervals}.")
 
-    def __contains__(self, index: int) -> bool:
-        return any(index in r for r in self.ranges)
+    def range(self) -> Tuple[range, ...]:
+        """Each interval's regular steps as a Python `range`."""
+        return tuple(interval.range() for interval in self.intervals)
 
     def __iter__(self) -> Iterator[int]:
-        """The steps in increasing order, each once (unbounded ranges make it endless)."""
-        iterators = [iter(r) for r in self.ranges]
-        heads = [next(it, None) for it in iterators]
-        last = None
-        while any(h is not None for h in heads):
-            i = min(range(len(heads)), key=lambda k: math.inf if heads[k] is None else heads[k])
-            value = heads[i]
-            heads[i] = next(iterators[i], None)
-            if value != last:
-                yield value
-                last = value
+        """The steps in increasing order."""
+        for interval in self.intervals:
+            yield from interval
 
-    def steps_below(self, end: int) -> List[int]:
-        """The schedule's steps in ``[0, end)``."""
-        out = []
-        for index in self:
-            if index >= end:
-                break
-            out.append(index)
-        return out
+    def __len__(self) -> int:
+        return sum(len(interval) for interval in self.intervals)
+
+    @property
+    def start(self) -> Optional[int]:
+        """The first step (None for an empty schedule)."""
+        return self.intervals[0].start if self.intervals else None
+
+    @property
+    def final_step(self) -> Optional[int]:
+        """The last step (None for an empty schedule)."""
+        return self.intervals[-1].final_step if self.intervals else None
+
+    def match(self, step: int) -> bool:
+        """Whether the schedule holds `step`."""
+        return any(interval.match(step) for interval in self.intervals)
+
+    def next_immediate_step(self, target: int) -> Optional[int]:
+        """The first step at or after `target` (None for an empty schedule); a ValueError
+        past `final_step`."""
+        if not self.intervals:
+            return None
+        for interval in self.intervals:
+            if target <= interval.final_step:
+                return interval.next_immediate_step(target)
+        raise ValueError(f"Target {target} exceeds the last interval step {self.final_step}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def infer_batch_size(data: Any) -> Optional[int]:
