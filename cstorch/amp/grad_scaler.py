@@ -13,7 +13,7 @@ from typing import Optional, Union
 
 import torch
 
-from cstorch.backend import current_backend_impl
+from cstorch.backend import current_or_cpu_backend
 
 _DYNAMIC_DEFAULTS = {"init_scale": 2.0 ** 15, "steps_per_increase": 2000,
                      "min_loss_scale": 2.0 ** -14, "max_loss_scale": 2.0 ** 15}
@@ -97,7 +97,7 @@ class GradScaler:
         self.growth_factor, self.backoff_factor = 2.0, 0.5
         self._state = _ScalerState(self._clamp(self.init_scale))
         self._state.unclamped_scale.fill_(self.init_scale)
-        backend = current_backend_impl(create=True)
+        backend = current_or_cpu_backend()
         self.name = backend.state.add_holder("grad_scaler", self._state)
         self._unscaled: set = set()   # ids of optimizers unscaled since the last update
 

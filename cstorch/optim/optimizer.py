@@ -13,7 +13,7 @@ from collections import defaultdict
 import torch
 from torch.optim.optimizer import ParamsT  # noqa: F401  (the params type, re-exported)
 
-from cstorch.backend import current_backend_impl
+from cstorch.backend import current_or_cpu_backend
 
 
 class Optimizer(torch.optim.Optimizer, ABC):
@@ -37,7 +37,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
                 group["step"] = torch.tensor(0.0)
         with torch.no_grad():
             self.preinitialize()
-        self._backend = current_backend_impl(create=True)
+        self._backend = current_or_cpu_backend()
         self._backend.optimizers.append(self)
         self._prefix = ("optimizer" if len(self._backend.optimizers) == 1
                         else f"optimizer{len(self._backend.optimizers) - 1}")
