@@ -19,17 +19,17 @@ class BackendType(str, Enum):
         return format(self.value, spec)
 
     @classmethod
-    def from_str(cls, name: Union[str, "BackendType"]) -> "BackendType":
-        """The type named `name`, in any case ("csx", "CPU", ...)."""
-        if isinstance(name, cls):
-            return name
-        if isinstance(name, str):
+    def from_str(cls, backend_type: Union[str, "BackendType"]) -> "BackendType":
+        """The type named `backend_type`, in any case ("csx", "CPU", ...)."""
+        if isinstance(backend_type, cls):
+            return backend_type
+        if isinstance(backend_type, str):
             try:
-                return cls[name.upper()]
+                return cls[backend_type.upper()]
             except KeyError:
                 pass
-        raise ValueError(f"unknown backend type {name!r}; expected one of \"CSX\", \"CPU\", "
-                         f"\"GPU\"")
+        raise ValueError(f"unknown backend type {backend_type!r}; expected one of \"CSX\", "
+                         f"\"CPU\", \"GPU\"")
 
     @property
     def is_csx(self) -> bool:
