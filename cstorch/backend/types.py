@@ -18,14 +18,14 @@ class BackendType(str, Enum):
     def __format__(self, spec):
         return format(self.value, spec)
 
-    @classmethod
-    def from_str(cls, backend_type: Union[str, "BackendType"]) -> "BackendType":
+    @staticmethod
+    def from_str(backend_type: Union[str, "BackendType"]) -> "BackendType":
         """The type named `backend_type`, in any case ("csx", "CPU", ...)."""
-        if isinstance(backend_type, cls):
+        if isinstance(backend_type, BackendType):
             return backend_type
         if isinstance(backend_type, str):
             try:
-                return cls[backend_type.upper()]
+                return BackendType[backend_type.upper()]
             except KeyError:
                 pass
         raise ValueError(f"unknown backend type {backend_type!r}; expected one of \"CSX\", "
