@@ -350,7 +350,9 @@ class Backend(metaclass=BackendMeta):
 def backend(backend_type: Optional[str] = None, *args, **kwargs) -> Backend:
     """Instantiate a backend of `backend_type` ("CSX", "CPU" or "GPU") and make it current.
 
-    Without a type, return the current backend (an error if there is none).
+    Without a type, return the current backend (an error if there is none). A process has
+    one backend: instantiating another while one exists raises a RuntimeError (the
+    models, optimizers and loaders of a run belong to its backend).
     """
     if backend_type is None:
         if args or kwargs:
