@@ -174,8 +174,9 @@ def test_plain_state_dict(tmp_path, map_location):
 
 
 def test_zeros_takes_the_shape_as_one_tuple():
-    with pytest.raises(TypeError):
-        cstorch.zeros(1000, 1000)
+    for make in (cstorch.zeros, cstorch.ones, lambda *a: cstorch.full(a[:1], 2.0, a[1])):
+        with pytest.raises(TypeError, match=r"the shape is one tuple"):
+            make(1000, 1000)
     assert cstorch.zeros((1000, 1000)).shape == (1000, 1000)
 
 
