@@ -2,6 +2,7 @@
 checked by the subclass's `sanitize` on every assignment; `POL`, `MicroBatchSize`,
 `RetraceEveryIteration` and `DeviceConfig` are the CSX flags of those names."""
 import copy
+import warnings
 from typing import Any
 
 from cstorch.backends import csx
@@ -84,6 +85,9 @@ class DeviceConfig(Descriptor):
         if value is not None and not isinstance(value, dict):
             raise TypeError(f"{self.name or 'device_config'} must be None or a dict, "
                             f"got {type(value).__name__}")
+        if value:
+            warnings.warn(f"{self.name or 'device_config'} has no effect here: there is no "
+                          f"cluster device to configure", stacklevel=3)
         return dict(value) if value is not None else None
 
 

@@ -40,7 +40,10 @@ def test_flag_descriptors_check_what_is_set():
     assert (a.level, a.mbs, a.retrace, a.config) == (1, "auto", False, {})
     a.level, a.mbs, a.retrace = 2, 8, True
     a.config["x"] = 1
-    assert (a.level, a.mbs, a.retrace, b.level, b.config) == (2, 8, True, 1, {})
+    with pytest.warns(UserWarning, match="config has no effect here"):
+        b.config = {"fabric": "x"}
+    b.config = None
+    assert (a.level, a.mbs, a.retrace, b.level, b.config) == (2, 8, True, 1, None)
     Flags.mbs.set_attr(b, {"explore": {"min": 2, "max": 4}})
     assert b.mbs == {"explore": {"min": 2, "max": 4}}
     for attr, bad, error in [("level", 3, ValueError), ("mbs", 0, ValueError),
