@@ -11,6 +11,7 @@ when `read`.
 - cstorch: `cstorch.compile(model)` on the CPU backend and a `@cstorch.trace` step with
   `cstorch.optim.<OPTIMIZER>`.
 """
+import importlib
 import os
 import tempfile
 
@@ -20,6 +21,10 @@ import numpy as np
 import torch
 
 import cerebras.pytorch as cstorch
+
+# Several runs in one process, each on a backend of its own: each new backend replaces
+# the last, as in the test suite (a user's second backend is refused).
+importlib.import_module("cstorch.backend")._replacing_allowed = True
 
 ORDER = ("eager", "torch-compile", "jax", "cstorch")
 TITLES = {"eager": "eager PyTorch", "torch-compile": "torch.compile (inductor, CPU)",

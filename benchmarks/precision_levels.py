@@ -6,6 +6,7 @@ losses at a few steps and each level's largest relative difference from eager ov
 steps. Run: python -m benchmarks.precision_levels
 """
 import copy
+import importlib
 import sys
 
 import torch
@@ -13,6 +14,10 @@ import torch
 import cerebras.pytorch as cstorch
 from examples.train_gpt import next_token_loss
 from tests.foundation.models import TinyGPT
+
+# Several runs in one process, each on a backend of its own: each new backend replaces
+# the last, as in the test suite (a user's second backend is refused).
+importlib.import_module("cstorch.backend")._replacing_allowed = True
 
 STEPS = 30
 

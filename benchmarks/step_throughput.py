@@ -9,6 +9,7 @@ gradient clipping) on the same batches: steps per second and the ratio cstorch /
 """
 import argparse
 import copy
+import importlib
 import os
 import platform
 import sys
@@ -21,6 +22,10 @@ import cerebras.pytorch as cstorch  # noqa: E402
 from benchmarks._report import write_section  # noqa: E402
 from benchmarks import mlp_step  # noqa: E402
 from examples.train_gpt import TinyGPT, next_token_loss, update  # noqa: E402
+
+# Several runs in one process, each on a backend of its own: each new backend replaces
+# the last, as in the test suite (a user's second backend is refused).
+importlib.import_module("cstorch.backend")._replacing_allowed = True
 
 
 def timed(run, batches, warmup=3):

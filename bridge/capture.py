@@ -506,7 +506,8 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
             requires_grad: Sequence[bool] | None = None, *,
             value_read_hint: str = "Read values after the step instead.",
             check_lowerings: bool = True, tensor_hook=None, user_fn: Callable | None = None,
-            library: Sequence[str] = ()) -> fx.GraphModule:
+            library: Sequence[str] = (),
+            extra_decompositions: dict | None = None) -> fx.GraphModule:
     """Trace ``fn(*inputs) -> sequence of tensors`` into a functional core-ATen graph.
 
     `inputs` give shapes and dtypes only; `fn` runs on fake tensors (functional tensors over
@@ -528,6 +529,8 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     Errors name the line of `user_fn` (default `fn`; a caller that wraps the user's
     function passes the user's) or of the code it calls, skipping frames of the standard
     library, of installed packages, of bridge and of the folders in `library`.
+    `extra_decompositions` ({op overload: function}) are used in place of the table's own
+    rules and of the ops' lowerings (`cstorch.register_decomposition`).
     """
     requires_grad = list(requires_grad or [False] * len(inputs))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -562,7 +565,10 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
             # called (the graph's artifact, a recapture's comparison); lowering reads the
             # nodes. make_fx and the clean-up below would each generate it.
             with _use_lazy_graph_module(True):
-                graph = make_fx(functional_fn, decomposition_table=decompositions(),
+                table = decompositions()
+                if extra_decompositions:
+                    table = {**table, **extra_decompositions}
+                graph = make_fx(functional_fn, decomposition_table=table,
                                 record_stack_traces=True)(*fakes)
         for node in graph.graph.nodes:
             if node.meta.get("stack_trace") == _NO_USER_FRAME:

@@ -330,6 +330,11 @@ class DeviceTensor(HostReads, torch.Tensor):
         out = func(*host_args, **host_kwargs)
         if func.is_view and isinstance(args[0], DeviceTensor):
             src = args[0]
+            if isinstance(out, (list, tuple)):   # unbind, split, chunk: one view per piece
+                return type(out)(
+                    DeviceTensor(src.cell, src.view_ops + ((_Piece(func, i), tuple(args[1:]),
+                                                            dict(kwargs)),), o.shape, o.dtype)
+                    for i, o in enumerate(out))
             step = (func, tuple(args[1:]), dict(kwargs))
             return DeviceTensor(src.cell, src.view_ops + (step,), out.shape, out.dtype)
         return out
@@ -337,6 +342,25 @@ class DeviceTensor(HostReads, torch.Tensor):
     def host_view(self) -> torch.Tensor:
         """The value on the host, possibly sharing memory with the device: read only."""
         return self._apply_view(self.cell.host())
+
+
+class _Piece:
+    """A view step that is one piece of a view op returning several (`unbind`, `split`,
+    `chunk`): the op, then its `index`-th result."""
+    __slots__ = ("func", "index")
+
+    def __init__(self, func, index: int):
+        self.func, self.index = func, index
+
+    def __call__(self, base, *args, **kwargs):
+        return self.func(base, *args, **kwargs)[self.index]
+
+    def __eq__(self, other):
+        return (type(other) is _Piece and other.func is self.func
+                and other.index == self.index)
+
+    def __hash__(self):
+        return hash((self.func, self.index))
 
 
 class GradSource:

@@ -4,10 +4,11 @@ This module is a face: it re-exports the public names, which live in the modules
 """
 from cstorch import amp, backends, distributed, metrics, optim, utils
 from cstorch import cirh, core, experimental, lib, nn, profiler
-from cstorch import sparse
+from cstorch import numpy, sparse
 from cstorch import mesh
 from cstorch.backend import backend, current_backend, current_torch_device, use_cs
 from cstorch.compile import compile
+from cstorch.decompositions import register_decomposition
 from cstorch.core import (add_debug_name, current_pol, get_debug_name, make_constant, name_scope,
                           pol)
 from cstorch.storage import load, save
@@ -46,4 +47,5 @@ __all__ = [
     "from_numpy", "to_numpy", "summarize_scalar", "summarize_tensor", "distributed",
     "amp", "metrics", "sparse", "cirh", "core", "experimental", "lib", "nn", "profiler",
     "mesh", "make_constant", "name_scope", "pol", "current_pol", "add_debug_name", "get_debug_name",
+    "register_decomposition", "numpy",
 ]

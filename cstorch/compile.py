@@ -6,7 +6,8 @@ from typing import Optional, Union
 import torch
 from tqdm.auto import tqdm
 
-from cstorch.backend import Backend, backend as make_backend, current_backend_impl
+from cstorch.backend import (Backend, BackendType, backend as make_backend,
+                             current_backend_impl, current_or_cpu_backend)
 
 
 class CompiledModule:
@@ -49,7 +50,8 @@ def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = Non
     in-place ops, `load_state_dict` or `nn.init`, reaches the device value. Tensors taken
     from the module before this call are the old, host ones.
 
-    `backend` is a Backend, a backend type ("CPU", "CSX", "GPU"), or None for the current
+    `backend` is a Backend, a backend type ("CPU", "CSX", "GPU": the current backend if it
+    has that type, else a new one, refused while another exists), or None for the current
     backend (a CPU backend is created if there is none). A module without a `device`
     attribute gets one: the backend's `torch_device`. A CSX backend with
     `log_initialization` (the default) shows the tensors being placed on a terminal.
@@ -59,9 +61,13 @@ def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = Non
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"cstorch.compile expects a torch.nn.Module, got {type(model).__name__}")
     if isinstance(backend, str):
-        backend = make_backend(backend)
+        current = current_backend_impl(raise_exception=False)
+        if current is not None and current.backend_type == BackendType.from_str(backend):
+            backend = current
+        else:   # a backend of another type is refused while one exists
+            backend = make_backend(backend)
     elif backend is None:
-        backend = current_backend_impl(create=True)
+        backend = current_or_cpu_backend()
     elif not isinstance(backend, Backend):
         raise TypeError(f"backend must be a cstorch backend, a backend type or None, got {backend!r}")
     if any(m is model for m in backend.modules):

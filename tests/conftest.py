@@ -1,5 +1,8 @@
+import importlib
 import os
 import sys
+
+import pytest
 
 # Tests that need several JAX devices on this CPU run in a subprocess that sets XLA_FLAGS
 # itself; the main test process uses one CPU device.
@@ -9,3 +12,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 sys.path.insert(0, ROOT)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _backends_replace_each_other():
+    """A process refuses a second backend, as the reference does; the tests here are many
+    runs in one process, and a test's new backend replaces the one an earlier test (or
+    helper) made. Tests of the refusal set `_replacing_allowed` back to False."""
+    module = importlib.import_module("cstorch.backend")  # the module, not the function
+    module._replacing_allowed = True
+    yield
+    module._replacing_allowed = False

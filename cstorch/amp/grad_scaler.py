@@ -19,7 +19,7 @@ from typing import Optional, Union
 import torch
 
 from cstorch.amp.half_dtype import get_half_dtype_str
-from cstorch.backend import current_backend_impl
+from cstorch.backend import current_or_cpu_backend
 
 _STEPS_PER_INCREASE = 2000
 _MIN_LOSS_SCALE = 2.0 ** -14
@@ -140,7 +140,7 @@ class GradScaler:
         self.max_gradient_norm = max_gradient_norm
         self._static_scale = scale
         self._state = _ScalerState(scale, unclamped)
-        backend = current_backend_impl(create=True)
+        backend = current_or_cpu_backend()
         self.name = backend.state.add_holder("grad_scaler", self._state)
         self._unscaled: dict = {}   # id -> optimizer unscaled since the last update
         self._updated = False       # whether the state has left its initial values

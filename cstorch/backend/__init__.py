@@ -16,6 +16,7 @@ import jax
 import torch
 
 import wafer
+from bridge.device_tensor import HostReads
 from cstorch.backend import ltc_backend
 from cstorch.backend.cluster import Cluster
 from cstorch.backend.types import BackendType, get_backend_args
@@ -44,9 +45,38 @@ _BOOL_PARAMS = {"compile_only", "validate_only", "drop_data", "log_initializatio
 _DISTRIBUTED_ONLY = ("main_process_id", "dist_backend", "init_method", "sync_batchnorm")
 
 _current: Optional["Backend"] = None
+# Set only by a test suite that runs many independent runs in one process
+# (tests/conftest.py): a new backend then replaces the current one instead of being
+# refused. Whatever was made on the replaced backend is unusable afterwards.
+_replacing_allowed = False
 
 
-class Backend:
+class BackendMeta(type):
+    """The metaclass of `Backend`: a process has one backend.
+
+    A run's compiled modules, optimizers and data executors all belong to the backend they
+    were made on; a second backend would leave them behind and make a model compiled on
+    the first unusable. So, as in the reference, instantiating a backend while one exists
+    is refused; `cstorch.backend()` without arguments returns the existing one.
+    """
+
+    def __call__(cls, *args, **kwargs):
+        if _current is not None and not _replacing_allowed:
+            raise RuntimeError(
+                f"cannot instantiate a second backend: a {_current.backend_type} backend "
+                f"already exists in this process, and only one backend may be created per "
+                f"run. Use cstorch.backend() to get the existing one.")
+        instance = super().__call__(*args, **kwargs)
+        _make_current(instance)
+        return instance
+
+
+def _make_current(instance):
+    global _current
+    _current = instance
+
+
+class Backend(metaclass=BackendMeta):
     """A backend of type "CSX", "CPU" or "GPU".
 
     All three run steps the same way, as one XLA program per traced step; they differ in
@@ -94,7 +124,8 @@ class Backend:
     process `main_process_id` writes checkpoints, summaries and artifacts.
     """
 
-    def __init__(self, backend_type: Union[str, BackendType], **params):
+    def __init__(self, backend_type: Union[str, BackendType], *args, **kwargs):
+        params = {**_positional(backend_type, args, kwargs), **kwargs} if args else kwargs
         # A `BackendType` (also a str: `backend_type == "CSX"` holds); its `.name` is what
         # Model Zoo reads.
         self.backend_type = BackendType.from_str(backend_type)
@@ -132,7 +163,7 @@ class Backend:
             from cstorch.distributed import process_group
             self.process_group = process_group.initialize(
                 values["dist_backend"], values["init_method"], values["main_process_id"])
-        self.artifact_dir = values["artifact_dir"] or os.path.join(os.getcwd(), "cerebras_logs")
+        self._artifact_dir = values["artifact_dir"] or os.path.join(os.getcwd(), "cerebras_logs")
         self.max_checkpoints = mc
         if self.backend_type == "CSX" and "compile_dir" in params:
             # The reference's default (/opt/cerebras/cached_compile) is a cluster path:
@@ -155,10 +186,10 @@ class Backend:
         self.state = RunState(self)
         # `cluster.config` is `cluster_config`, replaceable as Model Zoo's trainer does
         # (cstorch/backend/cluster.py).
-        self.cluster = Cluster(self)
+        self._cluster = Cluster(self)
         # `with backend.device:` builds a model; on CSX with lazy_initialization its
         # tensors are created on the devices by cstorch.compile (cstorch/lazy_init.py).
-        self.device = Device(self)
+        self._device = Device(self)
         self.modules: list[torch.nn.Module] = []    # compiled modules, in compile order
         self.optimizers: list = []                  # cstorch optimizers, in creation order
         self.step_count = 0  # steps run by this backend, for per-step PRNG keys
@@ -195,6 +226,42 @@ class Backend:
             with open(os.path.join(self.artifact_dir, "layout.json"), "w") as f:
                 json.dump(rows, f, indent=1)
         return rows
+
+    @property
+    def artifact_dir(self) -> str:
+        """The directory for the artifacts this backend writes (settable: Model Zoo's
+        trainer points it at its own directory)."""
+        return self._artifact_dir
+
+    @artifact_dir.setter
+    def artifact_dir(self, value):
+        self._artifact_dir = os.fspath(value)
+
+    @property
+    def cluster(self) -> Cluster:
+        """The backend's handle on its (emulated) cluster."""
+        return self._cluster
+
+    @property
+    def cluster_config(self):
+        """The CSX backend's `cluster_config` (None when not given, and on CPU and GPU)."""
+        return self.params.get("cluster_config")
+
+    @property
+    def device(self) -> Device:
+        """The context to build a model in (`with backend.device:`)."""
+        return self._device
+
+    def to_cpu(self, tensor):
+        """A copy of `tensor` (or of every tensor in a nest of containers) as an ordinary
+        CPU torch tensor, its value read from the device where it lives there."""
+        def one(t):
+            if not isinstance(t, torch.Tensor):
+                return t
+            if isinstance(t, HostReads):   # a device tensor: its value read from the device
+                return t.host().clone()
+            return t.detach().to("cpu")
+        return torch.utils._pytree.tree_map(one, tensor)
 
     @property
     def precision_level(self):
@@ -283,19 +350,17 @@ class Backend:
 def backend(backend_type: Optional[str] = None, *args, **kwargs) -> Backend:
     """Instantiate a backend of `backend_type` ("CSX", "CPU" or "GPU") and make it current.
 
-    Without a type, return the current backend (an error if there is none).
+    Without a type, return the current backend (an error if there is none). A process has
+    one backend: instantiating another while one exists raises a RuntimeError (the
+    models, optimizers and loaders of a run belong to its backend).
     """
-    global _current
     if backend_type is None:
         if args or kwargs:
             raise TypeError("backend parameters need a backend_type (\"CSX\", \"CPU\" or \"GPU\")")
         if _current is None:
             raise RuntimeError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
         return _current
-    if args:
-        kwargs = {**_positional(backend_type, args, kwargs), **kwargs}
-    _current = Backend(backend_type, **kwargs)
-    return _current
+    return Backend(backend_type, *args, **kwargs)
 
 
 def _positional(backend_type, args, kwargs) -> dict:
@@ -326,19 +391,20 @@ def current_backend(raise_exception: bool = True, raise_warning: bool = True) ->
     return _current
 
 
-def current_backend_impl(raise_exception: bool = True, create: bool = False
-                         ) -> Optional[Backend]:
+def current_backend_impl(raise_exception: bool = True) -> Optional[Backend]:
     """The current backend, without the deprecation warning of `current_backend`.
 
-    With no backend: with `create`, a CPU backend is made current and returned; otherwise
-    a RuntimeError if `raise_exception` (the default, as in the reference), else None
+    With no backend: a RuntimeError if `raise_exception` (the default), else None
     (Model Zoo's `current_backend_impl(raise_exception=False)`)."""
-    global _current
-    if _current is None and create:
-        _current = Backend("CPU")
     if _current is None and raise_exception:
         raise RuntimeError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
     return _current
+
+
+def current_or_cpu_backend() -> Backend:
+    """The current backend, a CPU backend made current first if there is none (what
+    `cstorch.compile`, optimizers and traced steps use without a backend)."""
+    return _current if _current is not None else Backend("CPU")
 
 
 def current_torch_device() -> torch.device:
@@ -351,5 +417,5 @@ def use_cs() -> bool:
     return _current is not None and _current.is_csx
 
 
-__all__ = ["Backend", "BackendType", "backend", "current_backend", "current_backend_impl",
+__all__ = ["Backend", "BackendMeta", "BackendType", "backend", "current_backend", "current_backend_impl",
            "current_torch_device", "get_backend_args", "ltc_backend", "use_cs"]

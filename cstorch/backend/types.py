@@ -18,18 +18,18 @@ class BackendType(str, Enum):
     def __format__(self, spec):
         return format(self.value, spec)
 
-    @classmethod
-    def from_str(cls, name: Union[str, "BackendType"]) -> "BackendType":
-        """The type named `name`, in any case ("csx", "CPU", ...)."""
-        if isinstance(name, cls):
-            return name
-        if isinstance(name, str):
+    @staticmethod
+    def from_str(backend_type: Union[str, "BackendType"]) -> "BackendType":
+        """The type named `backend_type`, in any case ("csx", "CPU", ...)."""
+        if isinstance(backend_type, BackendType):
+            return backend_type
+        if isinstance(backend_type, str):
             try:
-                return cls[name.upper()]
+                return BackendType[backend_type.upper()]
             except KeyError:
                 pass
-        raise ValueError(f"unknown backend type {name!r}; expected one of \"CSX\", \"CPU\", "
-                         f"\"GPU\"")
+        raise ValueError(f"unknown backend type {backend_type!r}; expected one of \"CSX\", "
+                         f"\"CPU\", \"GPU\"")
 
     @property
     def is_csx(self) -> bool:

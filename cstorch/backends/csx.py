@@ -178,7 +178,8 @@ class Performance(_FlagGroup):
       function name ({"training_step": 4, "eval_step": None}) gives each step its own
       value, "auto" for steps it does not name.
     - `transfer_processes`: processes that move data to and from the device (default 5).
-    - `compress_weights`: write checkpoints with LZ4 compression (default False).
+    - `compress_weights` (default False): recorded as `compressed: true` on the tensors
+      `cstorch.save` writes; every non-scalar tensor goes through LZ4 whatever it says.
     """
     _flags = {
         "micro_batch_size": ("auto", _micro_batch_size),

@@ -6,9 +6,11 @@ from typing import Optional
 
 from cstorch.core.graph_meta import MATMUL_POLICY, NAME_SCOPE, annotated
 
-__all__ = ["name_scope", "current_name_scope", "pol", "current_pol"]
+__all__ = ["name_scope", "current_name_scope", "set_debug_scope", "pol", "current_pol"]
 
 _names: contextvars.ContextVar[tuple] = contextvars.ContextVar("cstorch_name_scope", default=())
+# The run's debug scope (`set_debug_scope`): the outermost level of every name scope.
+_debug_scope = [None]
 _levels: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar(
     "cstorch_pol", default=None)
 
@@ -33,18 +35,19 @@ class name_scope:
     are left in the reverse order they were entered.
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, raw: bool = False):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name_scope expects a non-empty string, got {name!r}")
         self.name = name
+        self.raw = raw
         self._stack = []
 
     def __enter__(self):
-        names = _names.get() + (_clean(self.name),)
+        names = _names.get() + (self.name if self.raw else _clean(self.name),)
         stack = contextlib.ExitStack()
         token = _names.set(names)
         stack.callback(_names.reset, token)
-        stack.enter_context(annotated({NAME_SCOPE: "/".join(names)}))
+        stack.enter_context(annotated({NAME_SCOPE: "/".join(_with_debug_scope(names))}))
         self._stack.append(stack)
         return self
 
@@ -56,9 +59,23 @@ class name_scope:
         return f"name_scope({self.name!r})"
 
 
+def _with_debug_scope(names: tuple) -> tuple:
+    debug = _debug_scope[0]
+    return ((debug,) + names) if debug else names
+
+
+def set_debug_scope(name: Optional[str]) -> None:
+    """Make `name` the outermost level of the name scopes opened from now on (None or ""
+    ends it)."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"set_debug_scope expects a str or None, got {type(name).__name__}")
+    _debug_scope[0] = name or None
+
+
 def current_name_scope() -> str:
-    """The name scopes open now, joined with '/' ('' outside any)."""
-    return "/".join(_names.get())
+    """The name scopes open now, under the debug scope, joined with '/' ('' outside
+    any)."""
+    return "/".join(_with_debug_scope(_names.get()))
 
 
 def _check_level(what: str, level):

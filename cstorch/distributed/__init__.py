@@ -14,11 +14,23 @@ so they see the same values. `ClusterConfig`, `cluster_resolver`, `service_resol
 `WORKER_CACHE_ROOT` and `hit_worker_cache_limit` are the cluster's plumbing, made from the
 emulated layout.
 """
-from cstorch.distributed import cluster_resolver
+import enum
+
+from cstorch.distributed import cluster_resolver, worker_state
 from cstorch.distributed.cluster_config import ClusterConfig
-from cstorch.distributed.cluster_resolver import ServiceResolver, emulated_cluster_spec
-from cstorch.distributed.worker_cache import WORKER_CACHE_ROOT, hit_worker_cache_limit
-from cstorch.utils.data.workers import DataLoaderCheckpoint, active_worker, current_worker_state
+from cstorch.distributed.cluster_resolver import (BaseServiceResolver, ServiceResolver,
+                                                  emulated_cluster_spec)
+from cstorch.distributed.worker_cache import WORKER_CACHE_ROOT, hit_worker_cache_limit, tree_size
+from cstorch.distributed.worker_state import WorkerState
+from cstorch.utils.data.workers import DataLoaderCheckpoint, active_worker
+
+
+class TaskRole(enum.Enum):
+    """The role of a task in a run's cluster: a streaming worker feeds inputs to the
+    systems, a receiver takes their outputs. Only streamers exist here (emulated in this
+    process); outputs come back to this process directly."""
+    STREAMER = "streamer"
+    RECEIVER = "receiver"
 
 
 def get_worker_state() -> DataLoaderCheckpoint:
@@ -30,14 +42,7 @@ def get_worker_state() -> DataLoaderCheckpoint:
     collects the workers' states); anywhere else it raises a RuntimeError. The counters
     start from zero in every run.
     """
-    state = current_worker_state()
-    if state is None:
-        raise RuntimeError(
-            "cstorch.distributed.get_worker_state() may only be called inside the state_dict() "
-            "method of a dataloader that implements the RestartableDataLoader protocol, while "
-            "cstorch.utils.data.DataLoader.state_dict() collects the workers' states (at a "
-            "checkpoint step)")
-    return state
+    return WorkerState.get_worker_state()
 
 
 def is_streamer() -> bool:
@@ -65,11 +70,28 @@ def get_streaming_rank() -> int:
     return _worker().global_id
 
 
-def get_streaming_batch_size(effective_batch_size: int) -> int:
-    """The per-system batch size a streaming worker produces for a global batch of
-    `effective_batch_size`, split evenly over the run's systems."""
+def is_receiver() -> bool:
+    """True inside a receiver task; there are none here (outputs come back to this
+    process), so always False."""
+    return False
+
+
+def num_receivers() -> int:
+    """The number of receiver tasks of the run: 0 here (see `is_receiver`)."""
+    return 0
+
+
+def get_streaming_batch_size(effective_batch_size: int, global_rank: int = None) -> int:
+    """The per-system batch size the streaming worker of `global_rank` (default: this
+    one) produces for a global batch of `effective_batch_size`, split evenly over the
+    run's systems."""
     worker = active_worker()
     systems = worker.layout.num_csx if worker is not None else 1
+    if global_rank is not None:
+        total = worker.layout.total if worker is not None else 1
+        if not isinstance(global_rank, int) or not 0 <= global_rank < total:
+            raise ValueError(f"global_rank must be a streaming rank in [0, {total}), got "
+                             f"{global_rank!r}")
     if effective_batch_size % systems:
         raise ValueError(f"the batch size {effective_batch_size} does not split evenly over "
                          f"{systems} systems; use a multiple of {systems}")
@@ -93,12 +115,21 @@ def num_tasks() -> int:
     return group.world_size if group is not None else 1
 
 
-def is_master_ordinal() -> bool:
+def is_master_ordinal(local: bool = False) -> bool:
     """Whether this is the run's main process, the one that writes its files and
     downloads shared data: in a multi-process run the process `main_process_id`
-    (`cstorch.backend("GPU", ..., main_process_id=...)`), else always True."""
+    (`cstorch.backend("GPU", ..., main_process_id=...)`), else always True. With `local`,
+    whether it is the main process of its node (local rank 0)."""
     group = _process_group()
-    return group is None or group.is_main
+    if group is None:
+        return True
+    return group.local_rank == 0 if local else group.is_main
+
+
+def get_dir_size(path) -> int:
+    """The size in bytes of the files under `path` (a file's own size; links are not
+    followed; 0 if it does not exist)."""
+    return tree_size(path)
 
 
 def service_resolver() -> ServiceResolver:
@@ -112,7 +143,8 @@ def service_resolver() -> ServiceResolver:
                                                  worker.global_id))
 
 
-__all__ = ["get_worker_state", "is_streamer", "num_streamers", "get_streaming_rank",
+__all__ = ["TaskRole", "WorkerState", "worker_state", "BaseServiceResolver", "is_receiver",
+           "num_receivers", "get_dir_size", "get_worker_state", "is_streamer", "num_streamers", "get_streaming_rank",
            "get_streaming_batch_size", "DataLoaderCheckpoint", "get_ordinal", "num_tasks",
            "is_master_ordinal", "ClusterConfig", "cluster_resolver", "service_resolver",
            "WORKER_CACHE_ROOT", "hit_worker_cache_limit"]

@@ -8,6 +8,8 @@ made from their layout: one `TaskSpec` per worker, numbered system by system.
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
+from cstorch.utils.data.workers import active_worker
+
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -46,11 +48,62 @@ class ClusterSpec:
                          f"{sorted(t.rank for t in self.tasks)})")
 
 
-@dataclass(frozen=True)
-class ServiceResolver:
+class BaseServiceResolver:
+    """The cluster as a streaming task sees it: `cluster_spec` (a `ClusterSpec`) and the
+    ordinals of the tasks by role. Here the tasks are the emulated streaming workers, so
+    the spec is made from the active worker's layout (`setup`); there are no receiver
+    tasks (outputs come back to this process)."""
+
+    def __init__(self):
+        self._cluster_spec = None
+
+    @classmethod
+    def get_resolver(cls) -> "BaseServiceResolver":
+        """The resolver of the active streaming worker (a RuntimeError outside one)."""
+        resolver = cls()
+        resolver.setup()
+        return resolver
+
+    def setup(self) -> None:
+        """Read the cluster's layout from the active streaming worker."""
+        worker = active_worker()
+        if worker is None:
+            raise RuntimeError(
+                "this is not a streaming worker: the cluster spec exists only while a CSX "
+                "backend's DataLoader builds or iterates its dataloaders; check "
+                "cstorch.distributed.is_streamer() first")
+        layout = worker.layout
+        self._cluster_spec = emulated_cluster_spec(layout.num_csx, layout.num_workers_per_csx,
+                                                   worker.global_id)
+
+    @property
+    def cluster_spec(self) -> ClusterSpec:
+        if self._cluster_spec is None:
+            self.setup()
+        return self._cluster_spec
+
+    @property
+    def cluster_resolver(self) -> "BaseServiceResolver":
+        """What resolves the cluster's tasks: this resolver itself, as there is no
+        cluster service to ask."""
+        return self
+
+    def streamer_ordinals(self) -> List[int]:
+        """The ranks of the streaming tasks: every task of the emulated cluster."""
+        return [task.rank for task in self.cluster_spec.tasks]
+
+    def receiver_ordinals(self) -> List[int]:
+        """The ranks of the receiver tasks: none here."""
+        return []
+
+
+class ServiceResolver(BaseServiceResolver):
     """What `cstorch.distributed.service_resolver()` returns: the cluster as this
     streaming task sees it."""
-    cluster_spec: ClusterSpec
+
+    def __init__(self, cluster_spec: Optional[ClusterSpec] = None):
+        super().__init__()
+        self._cluster_spec = cluster_spec
 
 
 def emulated_cluster_spec(num_csx: int, num_workers_per_csx: int, rank: int) -> ClusterSpec:
@@ -62,4 +115,4 @@ def emulated_cluster_spec(num_csx: int, num_workers_per_csx: int, rank: int) -> 
     return ClusterSpec(tasks, rank, num_csx, num_workers_per_csx)
 
 
-__all__ = ["TaskSpec", "ClusterSpec", "ServiceResolver"]
+__all__ = ["TaskSpec", "ClusterSpec", "BaseServiceResolver", "ServiceResolver"]

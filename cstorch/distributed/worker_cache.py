@@ -16,7 +16,7 @@ WORKER_CACHE_ROOT = os.path.abspath(os.environ.get(
     "CSTORCH_WORKER_CACHE_ROOT", os.path.join(tempfile.gettempdir(), "cstorch-worker-cache")))
 
 
-def _tree_size(path: str) -> int:
+def tree_size(path: str) -> int:
     """Bytes of the regular files under `path` (links not followed; 0 if it is missing)."""
     if os.path.isfile(path):
         return os.path.getsize(path)
@@ -48,9 +48,9 @@ def hit_worker_cache_limit(src_dir: str, dest_dir: str) -> Tuple[bool, int, int]
     replaced by the new one)."""
     if not os.path.exists(src_dir):
         raise FileNotFoundError(f"cannot cache {src_dir}: it does not exist")
-    dir_size = _tree_size(src_dir)
+    dir_size = tree_size(src_dir)
     free = shutil.disk_usage(_existing_parent(dest_dir)).free
-    available = free + _tree_size(dest_dir)
+    available = free + tree_size(dest_dir)
     return dir_size > available, dir_size, available
 
 

@@ -40,6 +40,22 @@ class Compression:
             elif getattr(param, _ATTR, None) == self.format:   # from a submodule's call
                 delattr(param, _ATTR)
 
+    def apply(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Record the request on `module`'s parameters (`module.apply(self)`); returns
+        `module`."""
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"Compression.apply expects a torch.nn.Module, got "
+                            f"{type(module).__name__}")
+        return module.apply(self)
+
+    def annotate(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Record this format on `tensor` itself (whatever the filter says, as the caller
+        picked it); returns `tensor`."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"Compression.annotate expects a tensor, got {type(tensor).__name__}")
+        setattr(tensor, _ATTR, self.format)
+        return tensor
+
     @staticmethod
     def format_of(param: torch.Tensor):
         """The compression format recorded for `param`, or None."""

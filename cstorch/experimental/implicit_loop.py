@@ -29,7 +29,23 @@ def _check_dim(tensor: torch.Tensor, dim: int, what: str) -> int:
     return dim % tensor.dim()
 
 
-def start_implicit_loop(input_tensor: torch.Tensor, loop_dim: int = 1) -> torch.Tensor:
+def _loop_dim(index_tensor: torch.Tensor) -> int:
+    """The loop dimension of an index from `start_implicit_loop`: the one it recorded, else
+    the last dimension of size 1 (an index of a [B, S] input is [B, 1])."""
+    dim = getattr(index_tensor, _LOOP_DIM, None)
+    if dim is not None:
+        return dim
+    ones = [d for d, n in enumerate(index_tensor.shape) if n == 1]
+    if not ones:
+        raise ValueError(f"an index of shape {tuple(index_tensor.shape)} has no loop dimension "
+                         f"(of size 1); pass the index start_implicit_loop returned")
+    return ones[-1]
+
+
+_LOOP_DIM = "_cstorch_loop_dim"
+
+
+def start_implicit_loop(input_tensor: torch.Tensor, loop_dim: int) -> torch.Tensor:
     """Where this iteration predicts from: for each sequence of `input_tensor` (along
     `loop_dim`), the position of its last token before the trailing padding.
 
@@ -44,16 +60,19 @@ def start_implicit_loop(input_tensor: torch.Tensor, loop_dim: int = 1) -> torch.
     # 1 at every position from which only padding follows.
     trailing = torch.flip(torch.cumprod(torch.flip(is_pad, (dim,)), dim=dim), (dim,))
     first_pad = length - trailing.sum(dim=dim, keepdim=True)
-    return torch.clamp(first_pad - 1, min=0)
+    index = torch.clamp(first_pad - 1, min=0)
+    setattr(index, _LOOP_DIM, dim)   # read by get_loop_iteration_slice and update_implicit_loop
+    return index
 
 
-def get_loop_iteration_slice(tensor: torch.Tensor, index_tensor: torch.Tensor,
-                             loop_dim: int = 1) -> torch.Tensor:
-    """The entries of `tensor` at this iteration's position: `tensor` is indexed along
-    `loop_dim` by `index_tensor` (from `start_implicit_loop`), which covers `tensor`'s
+def get_loop_iteration_slice(input_tensor: torch.Tensor, index_tensor: torch.Tensor
+                             ) -> torch.Tensor:
+    """The entries of `input_tensor` at this iteration's position: it is indexed along the
+    loop dimension by `index_tensor` (from `start_implicit_loop`), which covers its
     leading dimensions; trailing dimensions (features) are kept. ``hidden[B, S, H]`` and
     an index ``[B, 1]`` give ``[B, 1, H]``."""
-    dim = _check_dim(tensor, loop_dim, "get_loop_iteration_slice")
+    tensor = input_tensor
+    dim = _check_dim(tensor, _loop_dim(index_tensor), "get_loop_iteration_slice")
     if index_tensor.dim() > tensor.dim():
         raise ValueError(f"get_loop_iteration_slice: an index of shape "
                          f"{tuple(index_tensor.shape)} cannot index a tensor of shape "
@@ -67,13 +86,13 @@ def get_loop_iteration_slice(tensor: torch.Tensor, index_tensor: torch.Tensor,
 
 def update_implicit_loop(input_tensor: torch.Tensor, index_tensor: torch.Tensor,
                          update_tensor: torch.Tensor,
-                         stop_sequences_tensor: Optional[torch.Tensor] = None,
-                         start_token: Union[int, List[int], None] = None,
-                         max_tokens: Optional[int] = None, loop_dim: int = 1) -> torch.Tensor:
+                         stop_sequences_tensor: Optional[torch.Tensor],
+                         start_token: Union[int, List[int], None],
+                         max_tokens: Optional[int] = None) -> torch.Tensor:
     """`input_tensor` with this iteration's predictions written after its last token.
 
     `update_tensor` holds one token per sequence (shaped like `index_tensor` or with
-    `loop_dim` squeezed out); it is written at ``index + 1`` where that position still
+    the loop dimension squeezed out); it is written at ``index + 1`` where that position still
     holds padding (`start_token`, an int or a list of ints; None: the sequence's last
     value, as `start_implicit_loop` reads it). A sequence that is full is returned
     unchanged.
@@ -90,7 +109,7 @@ def update_implicit_loop(input_tensor: torch.Tensor, index_tensor: torch.Tensor,
             "Cerebras system; here a traced step generates one token per call, so they are not "
             "applied: call the step again, passing back the sequences it returns, until a "
             "sequence ends with a stop sequence or has max_tokens new tokens", stacklevel=2)
-    dim = _check_dim(input_tensor, loop_dim, "update_implicit_loop")
+    dim = _check_dim(input_tensor, _loop_dim(index_tensor), "update_implicit_loop")
     length = input_tensor.shape[dim]
     index = index_tensor.to(torch.int64)
     position = index + 1

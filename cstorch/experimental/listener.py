@@ -46,7 +46,7 @@ def register_traced_tensor_hook(hook: TracedTensorHook) -> RemovableHandle:
 
 def _module_path(module: torch.nn.Module, ctx) -> str:
     from cstorch.backend import current_backend_impl
-    from cstorch.core.debug_name import _ATTR as DEBUG_NAME
+    from cstorch.core.name_scope import _ATTR as DEBUG_NAME
 
     name = getattr(module, DEBUG_NAME, None)
     if name is not None:

@@ -14,7 +14,7 @@ import torch
 from torch.optim.optimizer import ParamsT  # noqa: F401  (the params type, re-exported)
 from torch.utils.hooks import RemovableHandle
 
-from cstorch.backend import current_backend_impl
+from cstorch.backend import current_or_cpu_backend
 
 
 class Optimizer(torch.optim.Optimizer, ABC):
@@ -41,7 +41,7 @@ class Optimizer(torch.optim.Optimizer, ABC):
         with torch.no_grad():
             self.preinitialize()
         self._add_global_steps()
-        self._backend = current_backend_impl(create=True)
+        self._backend = current_or_cpu_backend()
         self._backend.optimizers.append(self)
         self._prefix = ("optimizer" if len(self._backend.optimizers) == 1
                         else f"optimizer{len(self._backend.optimizers) - 1}")

@@ -44,6 +44,10 @@ class DeferredFullTensor(LazyTensor):
 
 
 def _check_dtype(dtype):
+    if isinstance(dtype, int) and not isinstance(dtype, bool):
+        # zeros(1000, 1000): the second size landed in `dtype`.
+        raise TypeError(f"the shape is one tuple, as in cstorch.zeros((1000, 1000)); got a "
+                        f"second positional argument {dtype!r} where the dtype goes")
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype or None, got {dtype!r}")
 

@@ -12,6 +12,7 @@ from cstorch.storage import pickling
 from cstorch.storage.lazy import FileSource
 from cstorch.storage.pytree import children, leaf_keys
 from cstorch.storage.serializers import Link, read_leaf
+from cstorch.storage.utils import renamed_keywords
 
 try:  # registers the LZ4 filter with HDF5, needed for compressed checkpoints
     import hdf5plugin  # noqa: F401
@@ -80,7 +81,8 @@ def _text(value):
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def load(checkpoint_file, map_location=None, **kwargs):
+@renamed_keywords(checkpoint_file="ckpt_path")
+def load(ckpt_path, map_location=None, **kwargs):
     """Read a checkpoint written by `cstorch.save` (or by `torch.save`).
 
     `map_location`: None returns tensors that are read from the file each time they are
@@ -94,12 +96,12 @@ def load(checkpoint_file, map_location=None, **kwargs):
     """
     allow_unsafe = bool(kwargs.pop(pickling.OPT_IN, False))
     mode = _mode(map_location)
-    if hasattr(checkpoint_file, "read"):
-        name = getattr(checkpoint_file, "name", repr(checkpoint_file))
-        is_h5 = _peek_hdf5(checkpoint_file)
-        target = checkpoint_file
+    if hasattr(ckpt_path, "read"):
+        name = getattr(ckpt_path, "name", repr(ckpt_path))
+        is_h5 = _peek_hdf5(ckpt_path)
+        target = ckpt_path
     else:
-        name = os.fspath(checkpoint_file)
+        name = os.fspath(ckpt_path)
         if not os.path.exists(name):
             raise RuntimeError(f"checkpoint {name} does not exist")
         if os.path.isdir(name):

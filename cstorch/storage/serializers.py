@@ -11,6 +11,11 @@ import numpy as np
 import torch
 from h5py import h5d, h5p
 
+try:  # the LZ4 filter every tensor dataset is written through
+    import hdf5plugin
+except ImportError:  # pragma: no cover - h5py alone writes the data unfiltered
+    hdf5plugin = None
+
 from cstorch.storage import pickling
 from cstorch.storage.creation import DeferredFullTensor
 from cstorch.storage.dtypes import (RTFX_IDS, dtype_from_name, dtype_from_rtfx,
@@ -150,30 +155,43 @@ def _set_tensor_attrs(ds, tensor, compressed):
     ds.attrs["shapes"] = np.array([list(tensor.shape)])
 
 
-def _compression(shape, compressed):
-    if not compressed or len(shape) == 0 or 0 in shape:
-        return {}  # HDF5 filters need chunks; scalars and empty sets have none
-    import hdf5plugin
-    return dict(hdf5plugin.LZ4())
+def _lz4():
+    """The LZ4 filter's dataset options, or {} without hdf5plugin."""
+    return dict(hdf5plugin.LZ4()) if hdf5plugin is not None else {}
+
+
+def _filters(shape):
+    # Every non-scalar tensor, empty ones included, goes through LZ4 in chunks of h5py's
+    # guess, as the reference writes it whatever the `compressed` flag says; a scalar
+    # dataset cannot be chunked.
+    return {} if len(shape) == 0 else _lz4()
+
+
+def _fill_array(tensor):
+    fill = torch.tensor(tensor.fill_value, dtype=tensor.dtype)
+    return tensor_to_storage_array(fill).astype(storage_numpy_dtype(tensor.dtype))
+
+
+def deferred_full_inner(tensor) -> dict:
+    """Metadata of a full tensor kept unbuilt: shape, dtype and fill value, no dataset."""
+    fill = tensor.fill_value
+    if fill is not None:
+        fill = torch.tensor(fill, dtype=tensor.dtype).item()  # 0 for float zeros is 0.0
+    return {"shape": list(tensor.shape), "dtype": str(tensor.dtype), "fill_value": fill,
+            "__TYPE__": "DeferredFullTensor", "__NONE__": True}
 
 
 def write_tensor(f, key, tensor, array, compressed):
     shape = tuple(tensor.shape)
     if array is None:  # DeferredFullTensor: let HDF5 write the fill value, no host copy
-        np_dtype = storage_numpy_dtype(tensor.dtype)
-        fill = torch.tensor(tensor.fill_value, dtype=tensor.dtype)
-        fill = tensor_to_storage_array(fill).astype(np_dtype)
-        comp = _compression(shape, compressed)
-        if comp:
-            ds = f.create_dataset(key, shape=shape, dtype=np_dtype, fillvalue=fill, **comp)
-        else:
-            dcpl = h5p.create(h5p.DATASET_CREATE)
-            # Allocated and filled now, so readers that map the file see real bytes.
-            dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)
-            dcpl.set_fill_time(h5d.FILL_TIME_ALLOC)
-            ds = f.create_dataset(key, shape=shape, dtype=np_dtype, fillvalue=fill, dcpl=dcpl)
+        dcpl = h5p.create(h5p.DATASET_CREATE)
+        # Allocated and filled now, so readers that map the file see real bytes.
+        dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(h5d.FILL_TIME_ALLOC)
+        ds = f.create_dataset(key, shape=shape, dtype=storage_numpy_dtype(tensor.dtype),
+                              fillvalue=_fill_array(tensor), dcpl=dcpl, **_filters(shape))
     else:
-        ds = f.create_dataset(key, data=array, **_compression(shape, compressed))
+        ds = f.create_dataset(key, data=array, **_filters(shape))
     _set_tensor_attrs(ds, tensor, compressed)
     return tensor_inner(tensor, compressed)
 

@@ -10,9 +10,11 @@ from tqdm.auto import tqdm
 
 from cstorch.storage import retention
 from cstorch.storage.pytree import ensure_namedtuples_registered, leaf_keys, stars, dumps_json
-from cstorch.storage.serializers import (as_tensor, external_source, leaf_metadata, link_inner,
-                                         prepare_tensor, simple_inner, write_external_tensor,
-                                         write_object, write_tensor)
+from cstorch.storage.creation import DeferredFullTensor
+from cstorch.storage.utils import renamed_keywords
+from cstorch.storage.serializers import (as_tensor, deferred_full_inner, external_source,
+                                         leaf_metadata, link_inner, prepare_tensor, simple_inner,
+                                         write_external_tensor, write_object, write_tensor)
 
 FORMAT_VERSION = 0.5
 _PROGRESS_MIN_BYTES = 256 << 20
@@ -37,27 +39,39 @@ def _fsync(path):
         os.close(fd)
 
 
-def save(obj, checkpoint_file):
-    """Write `obj` (typically a dict of state dicts) to `checkpoint_file` in the Cerebras
-    HDF5 checkpoint format.
+@renamed_keywords(obj="state_dict", checkpoint_file="ckpt_path")
+def save(state_dict, ckpt_path):
+    """Write `state_dict` (typically a dict of state dicts) to `ckpt_path` in the Cerebras
+    HDF5 checkpoint format. The reference document's names `obj` and `checkpoint_file`
+    are accepted as keywords too.
 
-    Tensors become datasets; Python scalars, strings and None live in metadata; an object
-    seen twice (tied weights) is stored once and linked; other values are pickled. Data
-    goes to a temporary file beside the target that is renamed over it only when
-    complete, so an interrupted save never leaves a partial file under the final name.
-    With `cstorch.backends.csx.performance.compress_weights`, tensors are LZ4-compressed.
+    Tensors become datasets, each non-scalar one written in chunks through the LZ4 filter
+    (so zeros take little space); `compressed` in its attributes records the flag
+    `cstorch.backends.csx.performance.compress_weights`. On a CSX backend a tensor from
+    `cstorch.full/zeros/ones` that was never built is written as its shape, dtype and
+    fill value only. Python scalars, strings and None live in metadata; an object seen
+    twice (tied weights) is stored once and linked; other values are pickled. Data goes
+    to a temporary file beside the target that is renamed over it only when complete, so
+    an interrupted save never leaves a partial file under the final name.
     Under `cstorch.storage.serializers.use_external_link()`, tensors loaded from another
     checkpoint and not read since are written as links to it.
     When the backend sets `max_checkpoints`, older checkpoints written by this process
     are deleted once this one is complete. In a multi-process run only the main process
     writes; on the others this does nothing (every process can `cstorch.load` the file).
     """
-    from cstorch import __version__
-    from cstorch.backend import current_backend_impl
+    from cstorch.backend import current_backend_impl  # cstorch.backend imports storage
 
     backend = current_backend_impl(raise_exception=False)
     if backend is not None and not backend.is_main_process:
         return
+    path = write_checkpoint(state_dict, ckpt_path, backend)
+    retention.record(path)
+
+
+def write_checkpoint(obj, checkpoint_file, backend):
+    """Write the file of `save` (on every process, kept whatever `max_checkpoints` says);
+    return its path."""
+    from cstorch import __version__
 
     path = os.fspath(checkpoint_file)
     if not isinstance(path, str):
@@ -82,12 +96,14 @@ def save(obj, checkpoint_file):
         seen_keys.add(key)
 
     compressed, workers = _flags()
+    # On CSX, full/zeros/ones not built yet stay what they are: a shape, a dtype and a value.
+    keep_deferred = bool(getattr(backend, "is_csx", False))
     tmp = f"{path}.{secrets.token_hex(4)}.tmp"
     try:
         with h5py.File(tmp, "w") as f:
             f.attrs["__version__"] = FORMAT_VERSION
             f.attrs["__cstorch_version__"] = __version__
-            _write_leaves(f, keys, leaves, compressed, workers)
+            _write_leaves(f, keys, leaves, compressed, workers, keep_deferred)
             f.attrs["__spec__"] = dumps_json([stars(obj), spec_json])
             f.attrs["__SUCCESS__"] = True
         _fsync(tmp)
@@ -102,18 +118,22 @@ def save(obj, checkpoint_file):
         except OSError:
             pass
         raise
-    retention.record(path)
+    return path
 
 
-def _write_leaves(f, keys, leaves, compressed, workers):
+def _write_leaves(f, keys, leaves, compressed, workers, keep_deferred):
     first_key = {}
-    plan = []  # (key, leaf, tensor or None)
+    plan = []  # (key, leaf, tensor or None, key linked to or None)
     total = 0
     for key, leaf in zip(keys, leaves):
         if id(leaf) in first_key:
             plan.append((key, leaf, None, first_key[id(leaf)]))
             continue
         first_key[id(leaf)] = key
+        if (keep_deferred and isinstance(leaf, DeferredFullTensor)
+                and not leaf.is_materialized):
+            plan.append((key, leaf, None, None))   # metadata only
+            continue
         tensor = as_tensor(leaf)
         if tensor is not None:
             total += tensor.numel() * tensor.element_size()
@@ -151,6 +171,8 @@ def _write_leaves(f, keys, leaves, compressed, workers):
                     inner = write_tensor(f, key, tensor, array, compressed)
                     if bar is not None:
                         bar.update(tensor.numel() * tensor.element_size())
+                elif isinstance(leaf, DeferredFullTensor):
+                    inner = deferred_full_inner(leaf)
                 else:
                     inner = simple_inner(leaf)
                     if inner is None:

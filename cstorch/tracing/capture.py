@@ -32,6 +32,7 @@ import wafer
 from bridge.capture import with_user_line
 from bridge.device_tensor import DeviceTensor, GradSource
 from bridge.precision import matmul_policy
+from cstorch import decompositions
 from cstorch.backends import csx
 from cstorch.distributed.batch_norm import PerProcessBatchNorm
 from cstorch.metrics.metric import Metric
@@ -509,7 +510,9 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                 _register_unseen_modules():
             graph = bridge.capture(step, shapes, requires_grad, value_read_hint=VALUE_READ_HINT,
                                    tensor_hook=_stray_tensor_hook(state, traced_now, constants),
-                                   user_fn=step_fn, library=_LIBRARY)
+                                   user_fn=step_fn, library=_LIBRARY,
+                                   extra_decompositions=decompositions.table_for(
+                                       backend.backend_type))
     finally:
         hook.remove()
     _write_graph(graph, backend.artifacts_dir, name)

@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 import wafer
 from bridge.convert import put_global, tensor_to_input, to_jax_dtype
 from bridge.device_tensor import Absent, DeviceTensor, unpack
-from cstorch.backend import current_backend_impl
+from cstorch.backend import current_or_cpu_backend
 from cstorch.backends import csx
 from cstorch.distributed.process_group import global_inputs
 from cstorch.optim.optimizer import group_writes
@@ -295,7 +295,7 @@ class TracedStep:
     def __call__(self, *args, **kwargs):
         if capturing.get() is not None:
             return self.step_fn(*args, **kwargs)
-        backend = current_backend_impl(create=True)
+        backend = current_or_cpu_backend()
         state = backend.state
         state.sync()
         call = split_call(args, kwargs)
@@ -395,7 +395,7 @@ class TracedStep:
 
         Captures the step if it has not been captured for arguments like these; runs nothing.
         """
-        backend = current_backend_impl(create=True)
+        backend = current_or_cpu_backend()
         backend.state.sync()
         call = split_call(args, kwargs)
         program, values = self._program(backend, call)

@@ -111,3 +111,37 @@ def test_values_never_alias_host_memory_written_later():
         dev.copy_(src)
     src.mul_(10)   # a later write to the source must not reach the device value
     assert torch.equal(value(dev), expected)
+
+
+@pytest.mark.parametrize("pieces", [
+    lambda t: t.unbind(0), lambda t: t.unbind(1), lambda t: t.split(2),
+    lambda t: torch.split(t, [1, 3], dim=1), lambda t: t.chunk(3), lambda t: t.chunk(2, dim=1),
+    lambda t: t.tensor_split(3), lambda t: t.split_with_sizes([2, 1]),
+])
+def test_view_ops_with_several_pieces_outside_a_step(pieces):
+    # Issue 32: unbind/split/chunk on a compiled parameter raised ("'list' object has no
+    # attribute 'shape'"); each piece is a view of the value, as in torch.
+    host, dev = pair(seed=5)
+    got, want = pieces(dev), pieces(host)
+    assert type(got) is type(want) and len(got) == len(want)
+    for g, w in zip(got, want):
+        assert isinstance(g, DeviceTensor) and g.shape == w.shape
+        assert torch.equal(g.host(), w)
+    got[-1].mul_(-2)       # a write through a piece reaches the whole value, as in torch
+    want[-1].mul_(-2)
+    assert torch.equal(value(dev), host)
+
+
+def test_pieces_of_a_compiled_parameter_equal_the_eager_ones():
+    import cerebras.pytorch as cstorch
+    cstorch.backend("CPU")
+    torch.manual_seed(11)
+    model = torch.nn.Linear(5, 6)
+    eager = model.weight.detach().clone()
+    cstorch.compile(model)
+    for got, want in [(model.weight.unbind(0), eager.unbind(0)),
+                      (model.weight.split(4), eager.split(4)),
+                      (model.weight.chunk(2, 1), eager.chunk(2, 1))]:
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert torch.equal(g.detach().clone(), w)

@@ -109,7 +109,8 @@ def differences(name, info):
         if isinstance(static, property) or not callable(getattr(obj, member)):
             probs.append(f"{member}: not a method")
             continue
-        # The fixture writes a classmethod with its `cls` (`wrap(cls, closure)`).
+        # The fixture keeps `cls` of a classmethod (`WorkerState.configure(cls, worker_ckpt)`)
+        # and drops only the `self` of a plain method.
         bound_first = not isinstance(static, (staticmethod, classmethod))
         fn = static.__func__ if isinstance(static, (staticmethod, classmethod)) else static
         got = render(fn, drop_first=bound_first)

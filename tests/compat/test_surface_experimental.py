@@ -128,5 +128,47 @@ def test_stop_sequences_and_max_tokens_warn_that_they_are_not_applied(monkeypatc
     seq = torch.tensor([[2, START, START]])
     index = cstorch.experimental.start_implicit_loop(seq, loop_dim=1)
     with pytest.warns(UserWarning, match="one token per call, so they are not applied"):
-        cstorch.experimental.update_implicit_loop(seq, index, torch.tensor([[7]]),
-                                                  start_token=START, max_tokens=4)
+        # stop_sequences_tensor and start_token have no defaults (api_signatures)
+        cstorch.experimental.update_implicit_loop(seq, index, torch.tensor([[7]]), None,
+                                                  START, max_tokens=4)
+
+
+def test_the_loop_dimension_comes_from_the_index():
+    # get_loop_iteration_slice and update_implicit_loop take no loop_dim (api_signatures):
+    # the index start_implicit_loop returns carries it.
+    prompts = torch.tensor([[5, 8], [6, START], [START, START]], dtype=torch.int32)  # [S, B]
+    index = cstorch.experimental.start_implicit_loop(prompts, 0)
+    assert index.tolist() == [[1, 0]]
+    hidden = torch.arange(3 * 2 * 4, dtype=torch.float32).reshape(3, 2, 4)
+    sliced = cstorch.experimental.get_loop_iteration_slice(hidden, index)
+    assert torch.equal(sliced[0], torch.stack([hidden[1, 0], hidden[0, 1]]))
+    out = cstorch.experimental.update_implicit_loop(prompts, index, torch.tensor([[40, 41]]),
+                                                    None, START)
+    assert out.tolist() == [[5, 8], [6, 41], [40, START]]
+    plain = torch.tensor([[2, 1]])   # an index of [B, S] data made elsewhere: dim 1 by shape
+    assert cstorch.experimental.get_loop_iteration_slice(
+        torch.arange(6).reshape(2, 3), plain.reshape(2, 1)).tolist() == [[2], [4]]
+    with pytest.raises(ValueError, match="no loop dimension"):
+        cstorch.experimental.get_loop_iteration_slice(hidden, torch.tensor([[1, 2], [0, 1]]))
+
+
+def test_compression_apply_and_annotate():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    comp = cstorch.experimental.Compression("lz", "*.weight")
+    assert comp.apply(model) is model
+    assert sorted(comp.compressed) == ["0.weight", "1.weight"]
+    assert comp.format_of(model[0].weight) == "lz" and comp.format_of(model[0].bias) is None
+    t = torch.ones(2)
+    assert comp.annotate(t) is t and comp.format_of(t) == "lz"
+    with pytest.raises(TypeError):
+        comp.apply(t)
+    with pytest.raises(TypeError):
+        comp.annotate([1])
+
+
+def test_numpy_module():
+    import numpy as np
+    import cerebras.pytorch.numpy as cnp
+    t = torch.randn(3).to(torch.bfloat16)
+    assert torch.equal(cnp.from_numpy(cnp.to_numpy(t)), t)
+    assert cnp.from_numpy(np.arange(3)).tolist() == [0, 1, 2]

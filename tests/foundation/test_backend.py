@@ -154,10 +154,14 @@ def test_compile_without_backend_creates_a_cpu_backend(monkeypatch):
 
 
 MESH_SCRIPT = r"""
+import importlib
 import json
 import jax
 import pytest
 import cerebras.pytorch as cstorch
+
+# Three runs in one process: each backend replaces the last (a user's run is refused).
+importlib.import_module("cstorch.backend")._replacing_allowed = True
 
 report = {"devices": len(jax.devices())}
 b = cstorch.backend("CSX")
@@ -249,3 +253,46 @@ def test_numpy_utilities_round_trip():
         back = cstorch.from_numpy(cstorch.to_numpy(t))
         assert back.dtype == t.dtype and torch.equal(back, t)
     assert isinstance(cstorch.to_numpy(torch.ones(2)), np.ndarray)
+
+
+def test_a_second_backend_is_refused_and_the_first_keeps_training(monkeypatch):
+    # Issue 32: a second cstorch.backend(...) replaced the first, and a model compiled on
+    # the first then failed with "cannot find Parameter". The reference refuses it
+    # (BackendMeta, the metaclass of Backend, admits one backend per process).
+    backend_module = importlib.import_module("cstorch.backend")
+    monkeypatch.setattr(backend_module, "_current", None)
+    monkeypatch.setattr(backend_module, "_replacing_allowed", False)
+    first = cstorch.backend("CPU")
+    torch.manual_seed(3)
+    model = torch.nn.Linear(4, 2)
+    reference = torch.nn.Linear(4, 2)
+    reference.load_state_dict(model.state_dict())
+    compiled = cstorch.compile(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    for attempt in (lambda: cstorch.backend("CSX"), lambda: cstorch.backend("CPU"),
+                    lambda: backend_module.Backend("CPU"),
+                    lambda: cstorch.compile(torch.nn.Linear(2, 2), "CSX")):
+        with pytest.raises(RuntimeError, match="cannot instantiate a second backend: a CPU "
+                                               "backend already exists"):
+            attempt()
+    assert cstorch.backend() is first
+    assert cstorch.compile(torch.nn.Linear(2, 2), "CPU").backend is first   # the same type
+    assert type(backend_module.Backend) is backend_module.BackendMeta
+
+    @cstorch.trace
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    x, y = torch.randn(8, 4), torch.randn(8, 2)
+    loss = step(x, y)
+    torch_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    expected = torch.nn.functional.mse_loss(reference(x), y)
+    expected.backward()
+    torch_opt.step()
+    assert float(loss) == pytest.approx(float(expected.detach()), rel=1e-5)
+    torch.testing.assert_close(model.weight.detach().clone(), reference.weight.detach(),
+                               rtol=1e-4, atol=1e-6)

@@ -242,8 +242,8 @@ class DataExecutor:
         (on a process of a multi-process run that is not the main one, a temporary
         directory: only the main process writes into `artifact_dir`)."""
         if self._artifact_dir is None:
-            from cstorch.backend import current_backend_impl
-            backend = self.backend or current_backend_impl(create=True)
+            from cstorch.backend import current_or_cpu_backend
+            backend = self.backend or current_or_cpu_backend()
             if not backend.is_main_process:
                 import tempfile
                 self._artifact_dir = Path(tempfile.mkdtemp(prefix="cstorch_executor_"))
