@@ -10,6 +10,7 @@ from cstorch.storage.pickling import UnsafePickleError
 from cstorch.storage.reader import load
 from cstorch.storage.writer import save
 
-__all__ = ["constants", "serializers", "utils", "to_deferred", "save", "load", "full", "full_like", "ones", "ones_like", "zeros", "zeros_like",
+__all__ = ["constants", "serializers", "utils", "to_deferred", "save", "load", "full", "full_like",
+           "ones", "ones_like", "zeros", "zeros_like",
            "LazyTensor", "DeferredFullTensor", "UnsafePickleError",
            "save_orbax", "load_orbax", "save_tree_orbax", "is_orbax_checkpoint"]
