@@ -4,9 +4,9 @@ With the check on (`cstorch.backends.csx.debug.check_indices`; by default on for
 GPU backends, off on CSX as on the wafer), a step's program also returns the smallest and
 largest value each index argument took (`bridge.index_checks`). Reading those values
 would wait for the step to finish, so they are read when the host waits anyway: before any
-value on the device is read on the host (a loss printed, a checkpoint saved), before the
-step's closures run, at the end of a `DataExecutor`'s loop, and at a later call once they
-are ready, or two calls on. A bad index raises an
+value on the device is read on the host (a loss printed, a checkpoint saved, a step
+closure's arguments), at the end of a `DataExecutor`'s loop, and at a later call once
+they are ready, or two calls on. A bad index raises an
 `IndexError` naming the op, the step and the user's line; the step's results are in place
 by then, as after a CUDA device-side assert.
 """
@@ -17,6 +17,7 @@ import numpy as np
 from bridge.device_tensor import host_read_hooks
 from bridge.errors import IndexOutOfRangeError
 from cstorch.backends import csx
+from cstorch.utils.data.executor import loop_end_checks
 
 # (bounds array, the program's checks, the step's name, its number); oldest first.
 _pending: deque = deque()
@@ -60,3 +61,4 @@ def _before_host_read():
 
 
 host_read_hooks.append(_before_host_read)
+loop_end_checks.append(raise_pending)

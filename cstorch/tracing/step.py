@@ -335,7 +335,6 @@ class TracedStep:
         for k, cell in program.held_results:
             values[k] = _held_tensor(state, cell)
         if program.closures:
-            index_check.raise_pending()   # closures wait for the step's values anyway
             self._run_closures(program, values[len(program.results.positions):])
         results = program.results.rebuild(values)
         note_step_output(results)

@@ -168,3 +168,12 @@ def test_negative_indexing_is_in_range_down_to_minus_the_size():
         x[torch.tensor([-6])]
     with pytest.raises(IndexOutOfRangeError, match="index -6 is out of bounds for dimension 0"):
         float(rows(x, torch.tensor([-6, 0, 1]))[0])
+
+
+def test_a_bad_index_in_the_last_step_of_a_loop_raises_when_the_loop_ends():
+    _, step = _setup()
+    batches = [_batch(1), _batch(2), _batch(3, ids=((0, 1), 11))]
+    loader = cstorch.utils.data.DataLoader(lambda: batches)
+    with pytest.raises(IndexOutOfRangeError, match="index 11 is out of bounds"):
+        for b in cstorch.utils.data.DataExecutor(loader, num_steps=3):
+            step(**b)

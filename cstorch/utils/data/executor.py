@@ -31,6 +31,11 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Called when a loop has run all its steps: what the steps left to check on the host
+# (cstorch.tracing.index_check) is raised there, before the loop is done.
+loop_end_checks: list = []
+
+
 class DataExecutor:
     """A single run of `num_steps` steps over `dataloader`.
 
@@ -288,6 +293,8 @@ class DataExecutor:
                 on_step(batch, samples)
                 if shown is not None:
                     shown()
+            for check in loop_end_checks:
+                check()
         finally:
             self._closures.clear()
             if isinstance(self._ahead, tuple):   # left unused: the next executor's first batch
