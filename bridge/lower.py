@@ -139,9 +139,10 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
     and convolution is computed at JAX's highest precision, float32 on every platform.
     With `check_finite`, one more output: a bool vector saying, per floating input and
     op result (`Lowered.checked` names them), whether all its values are finite.
-    With `check_indices`, one more output after that: an int32 array of shape (n, 2), the
-    smallest and largest index each op that takes indices was given
-    (`Lowered.index_checks` holds the n `bridge.index_checks.IndexCheck`s, in order).
+    With `check_indices`, where the graph has ops that take indices, one more output after
+    that: an int32 array of shape (n, 2), the smallest and largest index each was given
+    (`Lowered.index_checks` holds the n `bridge.index_checks.IndexCheck`s, in order, once
+    the function has been traced; without such ops it stays empty and adds no output).
     """
     check_lowerable(gm)
     constants = {}
@@ -198,9 +199,8 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
                     outs = list(fx.node.map_arg(node.args[0], env.__getitem__))
                     if check_finite:
                         outs.append(_finite_flags(checked, env))
-                    if check_indices:
-                        outs.append(jnp.stack(index_values) if index_values
-                                    else jnp.zeros((0, 2), jnp.int32))
+                    if index_values:
+                        outs.append(jnp.stack(index_values))
                     return outs
                 else:
                     raise NotImplementedError(f"FX node kind {node.op!r} is not supported")

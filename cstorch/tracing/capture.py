@@ -572,8 +572,9 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                    hooks=hooks.Hooks((m for _, m in state.named_modules()), params.values(),
                                      backend.optimizers),
                    finite_check=getattr(lowered, "checked", None) if check_finite else None,
-                   index_checks=lowered.index_checks if micro is None and check_indices
-                   else None)
+                   # Filled when compile_step traced the function; empty: no such output.
+                   index_checks=(lowered.index_checks or None) if micro is None
+                   and check_indices else None)
 
 
 # XLA copies a donated state array that is read after its new value could be made (a

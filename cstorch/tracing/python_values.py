@@ -17,8 +17,9 @@ looked into); such closure variables of those functions; and the attributes of t
 those globals and closure variables hold (a loss module's `reduction`), whose methods are
 looked into as well. Where any of these holds a plain object (a config object, a
 dataclass, a namespace), a dict or a list, the values inside it are watched too
-(`self.cfg.use_path_b`, `CONFIG["scale"]`), a few levels deep. An object that cannot be
-looked into (no `__dict__`, no slots) warns once, naming it.
+(`self.cfg.use_path_b`, `CONFIG["scale"]`), a few levels deep; not in those of a
+library's module (torch's, a cstorch metric), which hold its bookkeeping. An object that
+cannot be looked into (no `__dict__`, no slots) warns once, naming it.
 
 A value whose change left the captured program exactly as it was (a counter kept on a
 module, never read by the step) is not watched by the program that replaces it, so it costs
@@ -92,12 +93,15 @@ def module_attributes(named_modules) -> tuple:
     plain values inside the objects, dicts and lists they hold."""
     found, seen = [], set()
     for name, module in named_modules:
+        # A library's module (torch's, a cstorch metric) keeps its own bookkeeping in its
+        # containers; its settings are plain attributes.
+        look_inside = type(module).__module__.split(".")[0] not in _LIBRARIES
         for attr, value in module.__dict__.items():
             if attr in _NOT_WATCHED or attr in _MODULE_TABLES:
                 continue
             if _plain(value):
                 found.append((module.__dict__, f"{name}.{attr}", attr, value))
-            else:
+            elif look_inside:
                 _inside(value, f"{name}.{attr}", found, seen)
     return tuple(found)
 

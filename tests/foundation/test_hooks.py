@@ -47,6 +47,10 @@ def _halve_grad_input(module, grad_input, grad_output):
     return tuple(None if g is None else g * 0.5 for g in grad_input)
 
 
+def _double_grad_output(module, grad_output):
+    return tuple(None if g is None else g * 2.0 for g in grad_output)
+
+
 def _quarter_grad(param):
     param.grad.mul_(0.25)
 
@@ -62,6 +66,8 @@ HOOKS = {
     "forward": lambda m, p, o: m[0].register_forward_hook(_scale_output),
     "forward-pre": lambda m, p, o: m[2].register_forward_pre_hook(_shift_input),
     "full-backward": lambda m, p, o: m[2].register_full_backward_hook(_halve_grad_input),
+    "full-backward-pre": lambda m, p, o: m[0].register_full_backward_pre_hook(
+        _double_grad_output),
     "parameter-gradient": lambda m, p, o: p(m)[0].register_hook(lambda g: g * -2.0),
     "post-accumulate": lambda m, p, o: p(m)[2].register_post_accumulate_grad_hook(
         _quarter_grad),

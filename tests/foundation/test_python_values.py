@@ -21,6 +21,11 @@ from cstorch.tracing import python_values
 from tests.foundation.models import rel_err, sgd_pair
 
 
+class UserLinear(nn.Linear):
+    """A model's own module: the values in its containers are watched (a library's
+    module's containers are its bookkeeping)."""
+
+
 class Scaled(nn.Module):
     """Reads plain attributes in forward: a float, a string choosing a host table, and a
     float made into a tensor inside the step."""
@@ -159,7 +164,7 @@ def test_plain_values_are_compared_by_type_and_nan_equals_nan():
     t = torch.ones(2)
     assert python_values.same((t, 1), (t, 1)) and not python_values.same(t, t.clone())
     assert python_values.describe((t,)) == "(a tensor of shape (2,),)"
-    module = nn.Linear(2, 2)
+    module = UserLinear(2, 2)
     module.flag, module.table = True, [1, 2]   # a list is watched item by item
     watched = python_values.module_attributes([("m", module)])
     assert {w[1] for w in watched} == {"m.in_features", "m.out_features", "m.flag",
@@ -503,7 +508,7 @@ class Opaque:
 
 
 def test_an_object_that_cannot_be_looked_into_warns_once_naming_it():
-    model = nn.Linear(5, 3)
+    model = UserLinear(5, 3)
     model.helper = Opaque()   # no __dict__ and no slots to watch
     cstorch.backend("CPU")
     compiled = cstorch.compile(model)
