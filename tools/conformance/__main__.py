@@ -1,5 +1,5 @@
 """python -m tools.conformance [--dtypes float32] [--modes forward,backward] [--ops a,b]
-[--max-samples N] [--timeout S] [--jobs J] [--report docs/op-coverage.md]"""
+[--max-samples N] [--timeout S] [--jobs J] [--run-excluded] [--report docs/op-coverage.md]"""
 import argparse
 import multiprocessing
 import shlex
@@ -24,6 +24,9 @@ def main(argv=None):
                         help="run at most N samples per entry, spread evenly (default: all)")
     parser.add_argument("--timeout", type=float, default=120, help="seconds per sample")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--run-excluded", action="store_true",
+                        help="also run the entries PyTorch's own suite excludes, and report "
+                             "the pass rate with them counted")
     parser.add_argument("--report", default="docs/op-coverage.md", help="'' for none")
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -35,15 +38,17 @@ def main(argv=None):
     from torch.testing._internal.common_methods_invocations import op_db
     wanted = {id(op) for op in op_entries([n for n in args.ops.split(",") if n])}
     # forward and backward of an entry side by side: a run stopped early still has both
-    tasks = [(i, d, args.max_samples, args.timeout, m)
+    tasks = [(i, d, args.max_samples, args.timeout, m, args.run_excluded)
              for i, op in enumerate(op_db) if id(op) in wanted for d in dtypes for m in modes]
 
     start, results = time.time(), [None] * len(tasks)
 
     def show(k, r):
         results[k] = r
+        ran = f" (run anyway: {r.excluded_outcome}) {r.excluded_detail}" \
+            if r.excluded_outcome else ""
         print(f"{r.mode:8s} {r.status:11s} {r.dtype:9s} {r.name:45s} {r.samples} "
-              f"of {r.total_samples} {r.detail}", flush=True)
+              f"of {r.total_samples} {r.detail}{ran}", flush=True)
 
     try:  # Ctrl-C (SIGINT) stops the run and reports what is done
         if args.jobs > 1:

@@ -20,6 +20,9 @@ class EntryResult:
     samples: dict = field(default_factory=dict)  # outcome -> count, over the samples run
     total_samples: int = 0  # samples the entry has, run or not (above a cap)
     detail: str = ""
+    # An excluded entry run anyway (--run-excluded): its outcome and what it said.
+    excluded_outcome: str = ""
+    excluded_detail: str = ""
 
 
 class _SampleTimeout(Exception):
@@ -62,15 +65,18 @@ def spread(total: int, cap: int | None) -> list[int]:
     return sorted({i * total // cap for i in range(cap)})
 
 
-def run_entry(op, dtype, max_samples=None, timeout=None, mode="forward") -> EntryResult:
+def run_entry(op, dtype, max_samples=None, timeout=None, mode="forward",
+              run_excluded=False) -> EntryResult:
     """Run `op`'s sample inputs in `dtype` through `mode`: all of them, or `max_samples`
-    of them spread evenly over the list."""
+    of them spread evenly over the list. An entry PyTorch's own suite excludes is only
+    reported as excluded, unless `run_excluded`: then it is run too, and its outcome kept
+    beside the exclusion."""
     name, dname = entry_name(op), str(dtype).removeprefix("torch.")
     reason = unsupported_reason(op, dtype, mode)
     if reason:
         return EntryResult(name, dname, mode, "unsupported", detail=reason)
     reason = excluded_reason(op, dtype, GRADIENT_TESTS if mode == "backward" else TRACING_TESTS)
-    if reason:
+    if reason and not run_excluded:
         return EntryResult(name, dname, mode, "excluded", detail=reason)
     runner = run_backward if mode == "backward" else run_forward
     counts = {"pass": 0, "fail": 0, "refused": 0, "skip": 0}
@@ -100,17 +106,21 @@ def run_entry(op, dtype, max_samples=None, timeout=None, mode="forward") -> Entr
     else:
         status = "no-samples"
     detail = first.get(status if status != "no-samples" else "skip", "")
+    if reason:
+        return EntryResult(name, dname, mode, "excluded", counts, total, reason,
+                           excluded_outcome=status, excluded_detail=detail)
     return EntryResult(name, dname, mode, status, counts, total, detail)
 
 
 def run_task(task):
-    """`run_entry` for (op_db index, dtype name, max_samples, timeout, mode), in a worker."""
+    """`run_entry` for (op_db index, dtype name, max_samples, timeout, mode, run_excluded),
+    in a worker."""
     from torch.testing._internal.common_methods_invocations import op_db
-    index, dtype, max_samples, timeout, mode = task
+    index, dtype, max_samples, timeout, mode, run_excluded = task
     op = op_db[index]
     torch.set_num_threads(1)
     try:
-        return run_entry(op, DTYPES[dtype], max_samples, timeout, mode)
+        return run_entry(op, DTYPES[dtype], max_samples, timeout, mode, run_excluded)
     except Exception as e:
         return EntryResult(entry_name(op), dtype, mode, "fail",
                            detail=f"harness: {type(e).__name__}: {e}"[:300])

@@ -16,6 +16,9 @@ def summary(results):
     for r in results:
         c = by.setdefault((r.mode, r.dtype), {})
         c[r.status] = c.get(r.status, 0) + 1
+        if r.excluded_outcome:
+            c["excluded_run"] = c.get("excluded_run", 0) + 1
+            c["excluded_pass"] = c.get("excluded_pass", 0) + (r.excluded_outcome == "pass")
         if r.status in TRIED:
             run = sum(r.samples.values()) if r.samples else 0
             c["samples_run"] = c.get("samples_run", 0) + run
@@ -55,6 +58,13 @@ def cause(detail: str) -> str:
     return f"{m.group(1)}: {m.group(2)[:70]}" if m else text[:80]
 
 
+def with_excluded(c) -> tuple[int, int]:
+    """(passed, tried) counting the excluded entries as tried: those run anyway
+    (--run-excluded) by their outcome, the others as not passing."""
+    tried = sum(c.get(k, 0) for k in TRIED) + c.get("excluded", 0)
+    return c.get("pass", 0) + c.get("excluded_pass", 0), tried
+
+
 def _headline(mode, dtype, c, cap):
     tried = sum(c.get(k, 0) for k in TRIED)
     rate = 100.0 * c.get("pass", 0) / max(tried, 1)
@@ -63,13 +73,20 @@ def _headline(mode, dtype, c, cap):
             f"**over at most {cap} samples per entry**, spread evenly over its sample list "
             f"({capped} tried entries have more; {c.get('samples_run', 0)} of the tried entries' "
             f"{c.get('samples_all', 0)} samples run)")
-    return f"- **{mode} {dtype}: {c.get('pass', 0)} / {tried} entries pass ({rate:.1f}%)**, {over}"
+    passed, all_tried = with_excluded(c)
+    run = c.get("excluded_run", 0)
+    excluded = (f"; with the {c.get('excluded', 0)} excluded entries counted "
+                f"({run} of them run, the rest counted as failing): {passed} / {all_tried} "
+                f"({100.0 * passed / max(all_tried, 1):.1f}%)")
+    return (f"- **{mode} {dtype}: {c.get('pass', 0)} / {tried} entries pass ({rate:.1f}%)**, "
+            f"{over}{excluded}")
 
 
 def _table(by):
     lines = ["| mode | dtype | entries | unsupported | excluded | tried | passed | failed | refused "
-             "| no-samples | entry pass rate | samples run / all | sample pass rate |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| no-samples | entry pass rate | with excluded counted | samples run / all "
+             "| sample pass rate |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (mode, dtype), c in by.items():
         tried = sum(c.get(k, 0) for k in TRIED)
         rate = 100.0 * c.get("pass", 0) / max(tried, 1)
@@ -78,6 +95,7 @@ def _table(by):
             f"| {mode} | {dtype} | {sum(c.get(k, 0) for k in (*TRIED, 'unsupported', 'excluded'))} "
             f"| {c.get('unsupported', 0)} | {c.get('excluded', 0)} | {tried} | {c.get('pass', 0)} "
             f"| {c.get('fail', 0)} | {c.get('refused', 0)} | {c.get('no-samples', 0)} | {rate:.1f}% "
+            f"| {100.0 * with_excluded(c)[0] / max(with_excluded(c)[1], 1):.1f}% "
             f"| {run} / {c.get('samples_all', 0)} | {100.0 * ok / max(run, 1):.1f}% |")
     return lines
 
@@ -111,7 +129,11 @@ def _section(mode, dtype, results, cap):
     excluded = [r for r in rows if r.status == "excluded"]
     lines += ["", f"### Excluded: PyTorch's own suite does not run them on CPU ({len(excluded)})",
               ""]
-    lines += [f"- `{r.name}`: {r.detail}" for r in excluded]
+    lines += [f"- `{r.name}`: {r.detail}" + (f"; run anyway: {r.excluded_outcome}"
+                                             + (f" ({r.excluded_detail[:200]})"
+                                                if r.excluded_outcome != "pass" else "")
+                                             if r.excluded_outcome else "")
+              for r in excluded]
     unsupported = [r for r in rows if r.status == "unsupported"]
     reasons = {}
     for r in unsupported:
@@ -135,7 +157,9 @@ inputs get one.
 
 - Counting: an entry passes when every sample run passes. `tried` = entries that support
   the dtype (backward: and autograd in it) on CPU, minus excluded; pass rate = passed /
-  tried, so `refused` and `no-samples` count against it. `refused` = PyTorch's tracer
+  tried, so `refused` and `no-samples` count against it. "With excluded counted" adds the
+  excluded entries to `tried`: with `--run-excluded` they are run and count by their
+  outcome; otherwise they count as failing. `refused` = PyTorch's tracer
   produced no graph (data-dependent output shapes, Python values read from tensors) or a
   lowering raised `DataDependentShapeError`; `no-samples` = no sample had anything to
   compare (complex or sparse inputs, eager raised, no output or input in autograd).
