@@ -92,3 +92,21 @@ def test_values_are_compared_unless_the_graph_draws():
     for training, draws in ((False, False), (True, True)):
         gm = bridge.capture(lambda t: [torch.nn.functional.dropout(t, 0.5, training)], [x])
         assert _random(dropout, gm) is draws
+
+
+def test_an_excluded_entry_run_anyway_keeps_its_outcome_beside_the_exclusion():
+    """`--run-excluded`: as_strided.partial_views' backward is excluded by PyTorch; run
+    anyway, it passes now that prims::as_strided_scatter has a lowering, and the report
+    counts it in the rate with excluded entries counted, not in the usual one."""
+    from tools.conformance.report import summary, with_excluded
+    op = next(op for op in conformance.op_entries(["as_strided_scatter"]))
+    skipped = conformance.run_entry(op, torch.float32, max_samples=2, mode="backward")
+    assert skipped.status == "excluded" and not skipped.excluded_outcome
+    ran = conformance.run_entry(op, torch.float32, max_samples=2, mode="backward",
+                                run_excluded=True)
+    assert ran.status == "excluded" and ran.detail == skipped.detail
+    assert ran.excluded_outcome in ("pass", "no-samples"), ran.excluded_detail
+    passed = conformance.EntryResult("x", "float32", "backward", "pass")
+    counts = summary([ran, passed, skipped])[("backward", "float32")]
+    assert counts["pass"] == 1 and counts["excluded"] == 2
+    assert with_excluded(counts) == (1 + (ran.excluded_outcome == "pass"), 3)
