@@ -7,7 +7,8 @@ One traced step per workload, its programs with the check on and off both compil
 setting is part of the program key); passes of `steps` steps alternate between the two in
 an order shuffled pass by pass, the loss read on the host after every step (the check is
 then read before each loss) and, in a second pair of loops, only after the last step (the
-check is read two calls on). Prints ms/step (median over passes) and the ratio on/off.
+check is read two calls on). Prints ms/step (median over passes) and the median, min and
+max over passes of the ratio on/off (the two loops of a pass run close in time).
 """
 import argparse
 import statistics
@@ -42,9 +43,12 @@ def measure(name: str, steps: int, repeats: int) -> dict:
     for order in in_turns(loops, repeats):
         for k in order:
             times[k].append(loops[k]())
+    ratios = {read: [on / off for on, off in zip(times[f"on, read every {read}"],
+                                               times[f"off, read every {read}"])]
+              for read in ("step", "pass")}
     return {"workload": name, "title": wl.TITLE, "captures": step.captures,
             "ms": {k: statistics.median(v) for k, v in times.items()},
-            "spread": {k: (min(v), max(v)) for k, v in times.items()}}
+            "ratio": {k: (statistics.median(v), min(v), max(v)) for k, v in ratios.items()}}
 
 
 def main():
@@ -64,10 +68,9 @@ def main():
               f"{args.repeats} passes)")
         for read in ("step", "pass"):
             on, off = (f"on, read every {read}", f"off, read every {read}")
-            span = {k: "{:.3f}-{:.3f}".format(*r["spread"][k]) for k in (on, off)}
-            print(f"  loss read every {read}: check on {r['ms'][on]:.3f} ms/step "
-                  f"({span[on]}), off {r['ms'][off]:.3f} ({span[off]}), "
-                  f"on/off {r['ms'][on] / r['ms'][off]:.3f}")
+            print(f"  loss read every {read}: check on {r['ms'][on]:.3f} ms/step, off "
+                  f"{r['ms'][off]:.3f}; on/off per pass, median {r['ratio'][read][0]:.3f} "
+                  f"(min {r['ratio'][read][1]:.3f}, max {r['ratio'][read][2]:.3f})")
 
 
 if __name__ == "__main__":

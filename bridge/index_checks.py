@@ -88,15 +88,20 @@ CHECKS = {
 }
 
 
-def bounds(node: fx.Node, args, kwargs, op_name: str, frame):
+def bounds(node: fx.Node, args, kwargs, op_name: str, frame, seen: set):
     """(checks, [min, max] arrays) of `node`'s index arguments; empty for other ops.
-    `frame` is the user's (path, line) that made the node, or None."""
+    `frame` is the user's (path, line) that made the node, or None. An index array already
+    checked against the same bounds (`seen`: the forward gather's targets, again in its
+    backward scatter) is not checked again."""
     rule = CHECKS.get(node.target)
     if rule is None:
         return [], []
     where = _user_line(frame)
     checks, values = [], []
     for index, dim, size, low in rule(args, kwargs):
+        if (id(index), size, low) in seen:
+            continue
+        seen.add((id(index), size, low))
         index = jnp.asarray(index)
         safe = 0 if size > 0 else low
         values.append(jnp.stack([jnp.min(index, initial=safe).astype(jnp.int32),

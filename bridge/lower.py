@@ -166,7 +166,7 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
     def run(*inputs, key=None):
         env = {}
         index_checks.clear()
-        index_values = []
+        index_values, checked_indices = [], set()
         args_iter = iter(inputs)
         # Products that a lowering leaves at JAX's default precision are float32 on a CPU
         # but TF32 on recent NVIDIA GPUs (a 1e-3 error); eager computes them in float32.
@@ -192,7 +192,7 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
                             env[node] = _cast_like_meta(node, LOWERINGS[node.target](*args, **kwargs))
                         if check_indices:
                             found, values = index_bounds(node, args, kwargs, op_name(node),
-                                                         user_frame(node))
+                                                         user_frame(node), checked_indices)
                             index_checks.extend(found)
                             index_values.extend(values)
                 elif node.op == "output":
