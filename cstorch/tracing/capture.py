@@ -71,7 +71,9 @@ class CaptureContext:
         import torch.utils._pytree as pytree
         leaves, spec = pytree.tree_flatten((args, kwargs))
         positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-        self.closure_tensors.extend(leaves[i] for i in positions)
+        # The values at the call, as eager code would read them then: a tensor written in
+        # place later in the step (the learning rate a scheduler steps) is not seen.
+        self.closure_tensors.extend(leaves[i].detach().clone() for i in positions)
         kept = [None if isinstance(v, torch.Tensor) else v for v in leaves]
         self.closures.append(ClosureCall(fn, spec, kept, positions, checkpoint_only))
 

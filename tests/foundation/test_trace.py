@@ -431,3 +431,34 @@ def test_an_argument_requiring_grad_warns_and_the_in_step_route_matches_eager():
     y_leaf = y.clone().requires_grad_()
     eager(y_leaf).square().mean().backward()
     assert rel_err(input_gradient(y).to("cpu"), y_leaf.grad) < 1e-5
+
+
+def test_a_step_closure_sees_its_arguments_as_they_were_when_it_was_called():
+    """As in eager code, where the closure would read the value at once: a tensor written
+    in place later in the step (a learning rate a scheduler steps after the optimizer's
+    hooks logged it) is seen with the value it had at the call."""
+    cstorch.backend("CPU")
+    model = nn.Linear(3, 1)
+    compiled = cstorch.compile(model)
+    seen = []
+
+    @cstorch.step_closure
+    def log(value, weight):
+        seen.append((float(value), weight.detach().clone()))
+
+    @cstorch.trace
+    def step(x):
+        total = compiled(x).sum()
+        before = model.weight.detach().clone()
+        log(total, model.weight)
+        total.mul_(10.0)
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        return total, before
+
+    x = torch.randn(2, 3)
+    for _ in range(2):
+        total, before = step(x)
+        assert seen[-1][0] == pytest.approx(float(total) / 10.0, rel=1e-6)
+        assert torch.equal(seen[-1][1], before)
+    assert not torch.equal(model.weight.detach(), before)

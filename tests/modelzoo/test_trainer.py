@@ -218,10 +218,19 @@ def test_trainer_fits_tiny_gpt2_from_params_yaml(first_fit):
     assert sorted(logged) == sorted(losses)
     for step, loss in logged.items():
         assert loss == pytest.approx(losses[step], rel=1e-4)
-    # What the default callbacks compute inside the traced step comes out too.
+    # What the default callbacks compute inside the traced step comes out too, at the step
+    # it belongs to: the trainer advances its global step at the end of the batch, and the
+    # step closures that log these run after it, as in the real package.
     for name in ("model_wise_grad_norm", "model_wise_params_norm", "lr/0"):
         values = _scalars(model_dir, name)
-        assert len(values) == STEPS and all(math.isfinite(v) for v in values.values()), name
+        assert sorted(values) == list(range(1, STEPS + 1)), name
+        assert all(math.isfinite(v) for v in values.values()), name
+    # The learning rate logged at a step is the one that step used (LinearLR from 1e-3 to
+    # 1e-4 over 4 steps: step s uses 1e-3 - 9e-4 * (s - 1) / 4), not the next step's,
+    # which the scheduler sets later in the same traced step.
+    lr = _scalars(model_dir, "lr/0")
+    for step in range(1, STEPS + 1):
+        assert lr[step] == pytest.approx(1e-3 - 9e-4 * (step - 1) / 4, rel=1e-5), (step, lr)
 
     states = _load_checkpoints(model_dir)
     moved = [k for k, v in states[STEPS]["model"].items()
