@@ -192,3 +192,41 @@ def test_state_dict_hooks_registered_before_compile_still_run():
     assert "extra" not in compiled.state_dict()
     compiled.load_state_dict({k: v * 2 for k, v in compiled.state_dict().items()})
     assert seen == ["pre", "pre", "pre", "load-post"]
+    after = model._register_state_dict_hook(   # registered after compile, then removed
+        lambda m, sd, prefix, meta: sd.__setitem__("late", torch.zeros(1)))
+    assert "late" in compiled.state_dict()
+    after.remove()
+    assert "late" not in compiled.state_dict()
+
+
+def test_a_hook_on_a_tensor_made_in_the_step_acts_as_in_eager():
+    torch.manual_seed(7)
+    eager = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+    ours = copy.deepcopy(eager)
+    cstorch.backend("CPU")
+    cstorch.compile(ours)   # the module itself is called, as Model Zoo's models are
+    optimizer = cstorch.optim.SGD(ours.parameters(), lr=0.1)
+    reference = torch.optim.SGD(eager.parameters(), lr=0.1)
+
+    def loss_of(model, x, y):
+        hidden = model[1](model[0](x))
+        hidden.register_hook(lambda g: g * torch.linspace(-1.0, 2.0, 8))
+        return ((model[2](hidden) - y) ** 2).mean()
+
+    @cstorch.trace
+    def step(x, y):
+        loss = loss_of(ours, x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    for i in range(3):
+        x, y = _batch(i)
+        loss = step(x, y)
+        want = loss_of(eager, x, y)
+        reference.zero_grad()
+        want.backward()
+        reference.step()
+        assert rel_err(float(loss), float(want)) < 1e-5
+    assert _weights_err(eager, ours) < 1e-4
