@@ -1,6 +1,7 @@
 """`cstorch.utils.benchmark.benchmark_dataloader`: epochs, steps and sampled steps are
 counted as documented, timings and rates follow the clock exactly, batch structures are
 tallied, an interruption returns partial metrics, and bad arguments are refused."""
+import mmap
 import time
 from collections import OrderedDict
 from types import SimpleNamespace
@@ -304,7 +305,11 @@ def test_memory_activity_tracks_allocations():
 
     def grow():
         for _ in range(3):
-            held.append(torch.ones(16 * 2**20 // 4))  # 16 MiB, pages touched
+            # 16 MiB of new pages, touched: mapped afresh, not heap memory that earlier
+            # tests freed and the allocator kept resident (which would not grow the RSS).
+            block = mmap.mmap(-1, 16 * 2**20)
+            block.write(b"\x01" * len(block))
+            held.append(block)
             yield torch.zeros(1)
 
     m = bench.benchmark_dataloader(grow, sampling_frequency=1, print_metrics=False,
