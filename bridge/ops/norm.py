@@ -173,3 +173,27 @@ def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training
     if not training:
         return out, jnp.zeros((0,), x.dtype), jnp.zeros((0,), x.dtype)
     return out, mean, rstd
+
+
+def _norm_except_dim(v, dim):
+    """ATen's norm_except_dim(v, 2, dim): the 2-norm over every dimension but `dim`, kept
+    broadcastable against `v` (over all of `v`, 0-d, for dim -1)."""
+    if dim == -1:
+        return jnp.sqrt(jnp.sum(jnp.square(v)))
+    axes = tuple(a for a in range(v.ndim) if a != dim % v.ndim)
+    return jnp.sqrt(jnp.sum(jnp.square(v), axis=axes, keepdims=True))
+
+
+def _weight_norm(v, g, dim):
+    return v * (g / _norm_except_dim(v, dim))
+
+
+@lowering(aten._weight_norm_interface.default)
+def weight_norm_interface(v, g, dim=0):
+    return _weight_norm(v, g, dim), _norm_except_dim(v, dim).astype(g.dtype)
+
+
+@lowering(aten._weight_norm_interface_backward.default)
+def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    _, vjp = jax.vjp(lambda v, g: _weight_norm(v, g, dim), saved_v, saved_g)
+    return vjp(grad_w)

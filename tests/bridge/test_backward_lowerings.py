@@ -274,3 +274,12 @@ def test_per_sample_linear_cross_entropy_and_its_gradients(weighted):
                                           batch_chunk_size=2))
 
     _check(fn, [_randn(6, 7), _randn(5, 7, seed=1), _randn(5, seed=2)], [True, True, True])
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_weight_norm_backward(dim):
+    """torch.nn.utils.weight_norm's gradient is aten::_weight_norm_interface_backward,
+    which had no lowering (Model Zoo's DINO head failed on it)."""
+    v, g_shape = _randn(3, 4), {0: (3, 1), 1: (1, 4), -1: ()}[dim]
+    g = _randn(*g_shape, seed=1) + 2.0 if g_shape else torch.tensor(2.5)
+    _check(lambda v, g: torch._weight_norm(v, g, dim), [v, g], [True, True])
