@@ -37,12 +37,12 @@ def note(bounds, checks, name: str, number: int):
         _pending.append((bounds, checks, name, number))
 
 
-def raise_pending(wait: bool = True, keep: int = 0):
+def raise_pending(wait: bool = True):
     """Read the held bounds and raise for the first bad index. With `wait` False, read only
-    those that are ready, and those of more than `keep` steps ago."""
+    those that are ready, and those of more than `_LAG` steps ago."""
     while _pending:
         bounds, checks, name, number = _pending[0]
-        if not wait and len(_pending) <= keep and not bounds.is_ready():
+        if not wait and len(_pending) <= _LAG and not bounds.is_ready():
             return
         _pending.popleft()
         for check, (smallest, largest) in zip(checks, np.asarray(bounds).tolist()):

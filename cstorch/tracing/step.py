@@ -304,7 +304,7 @@ class TracedStep:
             return self._not_executed(program, backend)
         if backend.drops_data == "drop_data" and state.complete_at != state.version:
             _check_values(state)
-        index_check.raise_pending(wait=False, keep=index_check._LAG)
+        index_check.raise_pending(wait=False)
         if program.unread_grads:
             grads_in = _grad_arguments(state, program)
         else:
