@@ -10,6 +10,8 @@ makes the slices and all-gathers. Along a box axis a tensor is split or copied a
 layout says; on each box's wafer it is whole. Values never change. On CPU and GPU
 backends, and outside a traced step, each function returns its tensor unchanged.
 """
+import warnings
+
 import torch
 
 import wafer
@@ -123,14 +125,28 @@ def all_slice(tensor, sharding_array, names):
     return _lay_out(tensor, mesh, split_axes_of(sharding_array, mesh), backend)
 
 
+_warned: set = set()
+
+
+def placement_not_modelled(what: str):
+    """Warn once that a placement request is taken but places nothing here."""
+    if what not in _warned:
+        _warned.add(what)
+        warnings.warn(f"cstorch: {what} places nothing here: one program runs on every "
+                      f"device of the emulated cluster, so the tensor's values are returned "
+                      f"as they are and where a copy lives is not modelled", stacklevel=3)
+
+
 def d2d_transfer(tensor, dst_device):
     """Send `tensor` to the box `dst_device`. A copy has the same values, and here one
-    program runs on every box, so the tensor is returned as it is."""
+    program runs on every box, so the tensor is returned as it is (with a warning, once)."""
+    placement_not_modelled("d2d_transfer")
     return tensor
 
 
 def m2m_transfer(tensor, src_mesh, dst_mesh, src_root_id=0):
     """Send `tensor` from the boxes of `src_mesh` (from box `src_root_id`) to those of
     `dst_mesh`. A copy has the same values, and here one program runs on every box, so the
-    tensor is returned as it is."""
+    tensor is returned as it is (with a warning, once)."""
+    placement_not_modelled("m2m_transfer")
     return tensor

@@ -190,8 +190,10 @@ def sparse_act_matmul(input_value, input_mask, weight, dense_capacity=None):
     - `input_value`: ``(..., in_features)``; `input_mask`: ``input_value.shape[:-1]`` (any
       dtype, non-zero = active); `weight`: ``(out_features, in_features)``.
     - `dense_capacity`: on a Cerebras system, how many active tokens the kernel provisions
-      for; it does not change the values.
+      for; it does not change the values, and here provisions nothing (a warning, once).
     """
+    if dense_capacity is not None:
+        _layout.placement_not_modelled("sparse_act_matmul(dense_capacity=...)")
     return CSXSparseActMatMul.apply(input_value, input_mask, weight, dense_capacity)
 
 

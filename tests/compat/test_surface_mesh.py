@@ -67,3 +67,20 @@ def test_cpu_backend_layout_functions_are_the_identity_in_a_step():
     graph = next(iter(step.programs.values()))[0].graph
     assert [n.target for n in graph.graph.nodes if n.op == "call_function"] \
         == [torch.ops.aten.mul.Tensor]
+
+
+def test_transfers_and_dense_capacity_warn_once_that_they_place_nothing():
+    import warnings as w
+    from cstorch.mesh import layout
+    layout._warned.clear()
+    x = torch.randn(3)
+    with pytest.warns(UserWarning, match="d2d_transfer places nothing here"):
+        assert M.d2d_transfer(x, 1) is x
+    with pytest.warns(UserWarning, match="m2m_transfer places nothing here"):
+        assert M.m2m_transfer(x, None, None) is x
+    with w.catch_warnings():
+        w.simplefilter("error")
+        M.d2d_transfer(x, 2)   # once
+    with pytest.warns(UserWarning, match=r"dense_capacity=\.\.\.\) places nothing"):
+        cstorch.nn.functional.sparse_act_matmul(torch.randn(2, 4), torch.ones(2),
+                                                torch.randn(3, 4), dense_capacity=2)
