@@ -156,6 +156,8 @@ class Program:
             gm = program.graph
             return [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
 
+        if self.graph is None or other.graph is None:   # one taken from compile_dir
+            return False
         mine, theirs = made(self), made(other)
         return (self._body() == other._body()
                 and [id(c[0]) for c in self.constants] == [id(c[0]) for c in other.constants]
@@ -570,7 +572,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                    grad_source=GradSource(), held_results=info["held_results"],
                    constants=tuple((t, None if t.is_inference() else t._version, t.data_ptr())
                                    for t in constants.values()),
-                   python_values=_python_values(step_fn, state.named_modules()),
+                   python_values=python_values_of(step_fn, state.named_modules()),
                    hooks=hooks.Hooks((m for _, m in state.named_modules()), params.values(),
                                      backend.optimizers),
                    finite_check=getattr(lowered, "checked", None) if check_finite else None,
@@ -598,7 +600,7 @@ def _kept_state(graph, cells, backend) -> tuple:
                  >= KEEP_MIN_BYTES)
 
 
-def _python_values(step_fn, named_modules) -> tuple:
+def python_values_of(step_fn, named_modules) -> tuple:
     """The Python values the step may have read: see `python_values`."""
     classes = {cls for _, m in named_modules for cls in type(m).__mro__}
     methods: dict = {}

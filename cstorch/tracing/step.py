@@ -29,7 +29,7 @@ from cstorch.backend import current_or_cpu_backend
 from cstorch.backends import csx
 from cstorch.distributed.process_group import global_inputs
 from cstorch.optim.optimizer import group_writes
-from cstorch.tracing import index_check, micro_batch, python_values
+from cstorch.tracing import index_check, micro_batch, python_values, warm
 from cstorch.tracing.arguments import fingerprint, split_call
 from cstorch.tracing.changes import describe_graph_change, describe_key_change
 from cstorch.tracing.capture import Program, capture_program, capturing
@@ -95,6 +95,7 @@ class TracedStep:
         self.step_fn = step_fn
         self.programs: dict = {}   # key -> [Program], told apart by their gradient rules
         self.captures = 0
+        self.warm_starts = 0   # programs taken from compile_dir without a capture
         self._hyper_cache = (None, None, None)   # (mesh, group values, device vector)
         self._groups_cache = None
         self._last = None   # (key, programs) of the last call
@@ -206,8 +207,13 @@ class TracedStep:
             warnings.warn(f"cstorch: {self.name}: {reason}; capturing it again, so that the "
                           f"step computes with its new value. Pass the tensor to the step as "
                           f"an argument, and a new value needs no new capture.", stacklevel=3)
-        program = capture_program(self.step_fn, backend, call, self.name)
-        self.captures += 1
+        program, stored = warm.capture_or_load(
+            self, backend, call, key,
+            lambda: capture_program(self.step_fn, backend, call, self.name))
+        if stored:
+            self.warm_starts += 1
+        else:
+            self.captures += 1
         # Registering modules during capture changes the state layout: key by the result.
         key, values = self._key(backend, call)
         if backend.retrace_every_iteration:
@@ -398,6 +404,9 @@ class TracedStep:
         backend.state.sync()
         call = split_call(args, kwargs)
         program, values = self._program(backend, call)
+        if program.jax_fn is None:   # taken from compile_dir, which keeps no JAX function
+            program = capture_program(self.step_fn, backend, call, self.name)
+            self.captures += 1
         state = backend.state
         named = dict(zip(program.names, (c.array for c in state.cells)))
         for i in program.grad_inputs:
