@@ -39,6 +39,7 @@ loss = float(step(tokens))
 c, w = bridge.capture_stats, wafer.compile_stats
 print(json.dumps({"first_step_s": time.perf_counter() - start, "xla_s": w.seconds,
                   "compiled": w.compiled, "loss": loss, "tracing_s": c.tracing_seconds,
+                  "captures": step.captures, "warm_starts": step.warm_starts,
                   "lowering_s": w.lowering_seconds,
                   "artifacts_s": w.artifact_seconds}))
 """

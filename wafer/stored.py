@@ -24,8 +24,11 @@ def dumps(step: CompiledStep) -> bytes:
     if step.from_cache:
         # An executable read from JAX's persistent cache serializes without its compiled
         # kernels on the CPU (another process then fails to find them): compiled afresh.
+        # An option (at its default) makes JAX compile again instead of returning the
+        # executable it keeps for the lowering.
         with cache_off():
-            executable = step.lowered.compile(compiler_options=step.compiler_options)
+            executable = step.lowered.compile(compiler_options={
+                "xla_embed_ir_in_executable": False, **(step.compiler_options or {})})
     payload, in_tree, out_tree = serialize_executable.serialize(executable)
     return pickle.dumps((FORMAT, payload, in_tree, out_tree, step.kept,
                          len(step.split.donated) + len(step.split.kept) if step.split else 0,
