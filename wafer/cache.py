@@ -26,6 +26,7 @@ class CompileStats:
     seconds: float = 0.0   # spent in XLA compilation or reading the cache
     lowering_seconds: float = 0.0   # tracing the JAX function and lowering it to StableHLO
     artifact_seconds: float = 0.0   # writing jaxpr, StableHLO, HLO and analyses
+    loading_seconds: float = 0.0    # reading executables a compile_dir stored (wafer.stored)
 
     @property
     def compiled(self) -> int:

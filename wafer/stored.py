@@ -6,10 +6,11 @@ everything they depend on (devices, versions, the program's source) and reads th
 only on the same devices.
 """
 import pickle
+import time
 
 from jax.experimental import serialize_executable
 
-from wafer.cache import cache_off
+from wafer.cache import cache_off, stats
 from wafer.compile import CompiledStep, StateSplit
 from wafer.layout import batch_sharding
 
@@ -38,6 +39,7 @@ def dumps(step: CompiledStep) -> bytes:
 def loads(data: bytes, mesh) -> CompiledStep:
     """The step `dumps` stored, loaded onto `mesh`'s devices. Raises ValueError for bytes
     that are not such a step."""
+    start = time.perf_counter()
     try:
         fmt, payload, in_tree, out_tree, kept, n, input_shapes = pickle.loads(data)
     except Exception as e:
@@ -45,6 +47,7 @@ def loads(data: bytes, mesh) -> CompiledStep:
     if fmt != FORMAT:
         raise ValueError(f"a stored step of format {fmt}, this version reads {FORMAT}")
     executable = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+    stats.loading_seconds += time.perf_counter() - start
     return CompiledStep(executable, None, None,
                         [batch_sharding(mesh, s) for s in input_shapes],
                         StateSplit(n, kept) if kept else None, input_shapes)
