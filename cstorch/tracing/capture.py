@@ -119,6 +119,10 @@ class Program:
     # (result position, cell) of results that are a state tensor itself (`return
     # model.weight`): the call returns that tensor, as eager PyTorch returns the object.
     held_results: tuple = ()
+    # The state cells the program takes and returns, in order (None: every cell). The
+    # other cells, which the step neither reads nor writes (a model it does not use), stay
+    # out of the program and keep their arrays.
+    used: tuple | None = None
 
     def constants_changed(self):
         """The first constant written in place (or given new data) since the capture,
@@ -537,6 +541,10 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
     grad_out = info["grad_out"]
     n_hyper = len(hyper)
 
+    used = _used_cells(graph, n) if micro is None else None
+    taken = list(range(n)) if used is None else used
+    untouched = [(i, tuple(c.array.shape), c.array.dtype) for i, c in enumerate(cells)
+                 if used is not None and i not in set(used)]
     layout = _grad_layout([cells[i] for i in grad_out]) if len(backend.devices) == 1 else None
     policy = backend.matmul_policy
     # cstorch.mesh layouts mean a sharding on the emulated cluster only (elsewhere, none).
@@ -546,29 +554,37 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
         def key():
             return jax.random.fold_in(jax.random.PRNGKey(rng[0]), rng[1])
         flat_hyper = [hyper_values[i] for i in range(2 * n_hyper)]
+        if untouched:   # stand-ins the graph never reads, which XLA leaves out
+            full = [None] * n
+            for i, a in zip(taken, state_arrays):
+                full[i] = a
+            for i, shape, dtype in untouched:
+                full[i] = jax.numpy.zeros(shape, dtype)
+            state_arrays = full
         with matmul_policy(policy), bridge.box_meshes(boxes):
             outs = lowered(*state_arrays, *grads, *flat_hyper, *inputs, key=key)
         grads_out = list(outs[n:n + len(grad_out)])
         if layout is not None:
             grads_out = _pack(grads_out, layout)
-        return list(outs[:n]), grads_out, list(outs[n + len(grad_out):])
+        return [outs[i] for i in taken], grads_out, list(outs[n + len(grad_out):])
 
     inputs = [bridge.tensor_to_input(t) for t in tensors]
     if backend.distributed:
         inputs = [jax.ShapeDtypeStruct(_global_shape(backend, x.shape), x.dtype) for x in inputs]
     compiled = wafer.compile_step(
-        jax_fn, ([c.array for c in cells], [cells[i].array for i in grad_in],
+        jax_fn, ([cells[i].array for i in taken], [cells[i].array for i in grad_in],
                  np.zeros(2 * n_hyper, np.float32), inputs, np.zeros(2, np.uint32)),
         mesh=backend.mesh, artifact_dir=backend.artifacts_dir, name=name,
         compile=not backend.params.get("validate_only"), replicate_outputs=backend.distributed,
-        kept=_kept_state(graph, cells, backend) if micro is None else ())
+        kept=_kept_state(graph, cells, backend, taken) if micro is None else ())
     if backend.artifacts_dir:
         backend.layout_report(file=False)
     grad_rule = {i: (i in grad_in) for i in params if i not in cleared}
     return Program(graph, jax_fn, compiled, list(state.names), grad_in, grad_out, grad_rule,
                    hyper, info["results"], info["dtypes"], info["shapes"], ctx.closures,
                    uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=layout,
-                   unread_grads=_unread_grad_inputs(compiled.jaxpr(), n, len(grad_in)),
+                   unread_grads=_unread_grad_inputs(compiled.jaxpr(), len(taken), len(grad_in)),
+                   used=used,
                    grad_source=GradSource(), held_results=info["held_results"],
                    constants=tuple((t, None if t.is_inference() else t._version, t.data_ptr())
                                    for t in constants.values()),
@@ -590,14 +606,23 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
 KEEP_MIN_BYTES = 256 * 1024
 
 
-def _kept_state(graph, cells, backend) -> tuple:
-    """Indices of the state arrays the program takes without donating them."""
+def _kept_state(graph, cells, backend, taken) -> tuple:
+    """Positions, among the state arrays the program takes (the cells `taken`), of those
+    it takes without donating them."""
     if backend.mesh.devices.flat[0].platform != "cpu":
         return ()
     late = bridge.read_after_update(graph, len(cells))
-    return tuple(i for i, (read_late, c) in enumerate(zip(late, cells))
-                 if read_late and math.prod(c.array.shape) * np.dtype(c.array.dtype).itemsize
-                 >= KEEP_MIN_BYTES)
+    return tuple(k for k, i in enumerate(taken)
+                 if late[i] and math.prod(cells[i].array.shape)
+                 * np.dtype(cells[i].array.dtype).itemsize >= KEEP_MIN_BYTES)
+
+
+def _used_cells(graph, n):
+    """The state cells the graph reads or writes, or None when it touches every one."""
+    untouched = bridge.untouched_inputs(graph, n)
+    if not any(untouched):
+        return None
+    return tuple(i for i, u in enumerate(untouched) if not u)
 
 
 def python_values_of(step_fn, named_modules) -> tuple:

@@ -322,10 +322,17 @@ class TracedStep:
         if backend.distributed:
             inputs = global_inputs(inputs, program.compiled.input_shardings,
                                    backend.process_count)
+        arrays = state.arrays_list
+        used = program.used
         new_state, grads, outs = program.compiled(
-            state.arrays_list, grads_in, self._hyper_array(program, values, backend),
+            arrays if used is None else [arrays[i] for i in used], grads_in,
+            self._hyper_array(program, values, backend),
             inputs, self._rng(backend) if program.uses_rng else self._no_rng(backend))
-        state.arrays_list[:] = new_state
+        if used is None:
+            arrays[:] = new_state
+        else:
+            for i, a in zip(used, new_state):
+                arrays[i] = a
         backend.step_count += 1
         if program.index_checks is not None:
             outs = list(outs)
@@ -512,10 +519,12 @@ class JaxStep:
         # here they follow the (possibly traced) values.
         hyper = jax.numpy.stack(values + [1 - v for v in values]) if values \
             else jax.numpy.zeros(0, jax.numpy.float32)
+        taken = names if p.used is None else [names[i] for i in p.used]
         new_state, grads, outs = p.jax_fn(
-            [state[n] for n in names], [state[f"{names[i]}.grad"] for i in p.grad_inputs],
+            [state[n] for n in taken], [state[f"{names[i]}.grad"] for i in p.grad_inputs],
             hyper, list(inputs), rng)
-        result = dict(zip(names, new_state))
+        result = {n: state[n] for n in names}
+        result.update(zip(taken, new_state))
         if p.grad_layout is not None:
             grads = [unpack((grads[f], offset, shape)) for f, offset, shape in p.grad_layout]
         result.update({f"{names[i]}.grad": g for i, g in zip(p.grad_outputs, grads)})
