@@ -3,23 +3,28 @@ process runs without capturing the step again.
 
 A stored program is found by a key made before any capture, from everything the program
 depends on that a new process can see without running the step: the versions of Python,
-torch, jax, jaxlib and NumPy, the content of this project's source, the step function's
-name, the backend (type, devices, mesh, XLA flags), the state layout (every entry's name
-and cell, every cell's shape and dtype), the module classes, the optimizers' classes and
-settings, the call's arguments (tensors by shape and dtype, other values by value), the
-train/eval and `requires_grad` flags, the settings the in-process program key holds, and
-the Python values the step may read (`python_values`), by value. The entry found then
-holds the content hash of every source file whose code ran while the step was captured
-(the model's, the user's script, libraries such as transformers); the program is taken
-only while each file still has that content. Code of torch, jax, NumPy and the standard
-library is covered by their versions instead.
+torch, jax, jaxlib and NumPy, the content of this project's source, the step function
+(module, name, code), the backend (type, devices, mesh, XLA flags), the state layout
+(every entry's name and cell, every cell's shape and dtype), the module classes, the
+optimizers' classes, which parameters hold a gradient, and everything the in-process
+program key holds (`TracedStep._key`: the call's arguments, tensors by shape and dtype and
+other values by value, train/eval and `requires_grad` flags, the optimizers' settings,
+precision and debug settings, the default and autocast dtypes), and the Python values the
+step may read (`python_values`), by value. The entry found then holds what every source
+file loaded at the capture held (the user's script and model files by content hash, an
+installed library's files by size and modification time; `__main__` without a file, as
+under `python -c` or in a notebook, by the code of its functions and classes); the
+program is taken only while each still holds that. Code of torch, jax, NumPy, the
+standard library and this project is covered by the versions and the project's hash.
+Every loaded file is a superset of the code that ran: an edit anywhere in them captures
+again, which costs a capture, never a wrong program.
 
 A program that depends on what the store cannot see again is not stored, and a debug log
-says why: step closures and hooks (user functions called by the program's caller),
-host tensors the step closes over (their values are in the program), Python values
-watched by identity (a tensor, a bound method), code that ran from no file (`exec`,
-an interactive prompt), micro-batched and multi-process steps, and the debug checks.
-An entry that cannot be read warns and the step is captured again, replacing it.
+says why: step closures and hooks (user functions called by the program's caller), host
+tensors the step closes over (their values are in the program), Python values watched by
+identity (a tensor, a bound method), micro-batched and multi-process steps, the debug
+checks, and compile_only, validate_only and drop_data backends. An entry that cannot be
+read warns and the step is captured again, replacing it.
 """
 import enum
 import functools
