@@ -19,8 +19,11 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 import torch.fx as fx
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from bridge.errors import MicroBatchError
 from bridge.ops.registry import lowering
+from bridge.user_line import with_user_line
 
 
 @torch.library.custom_op("bridge::micro_batch_boundary", mutates_args=())
@@ -42,10 +45,6 @@ def _boundary(grads):
     return list(grads)
 
 
-class MicroBatchError(ValueError):
-    """A step that cannot be split into micro-batches as written."""
-
-
 @dataclass
 class _Marker:
     params: list
@@ -55,18 +54,10 @@ class _Marker:
 _active: list = []   # the parameters whose gradients backward() marks, innermost last
 
 
-def _at_user_line(message):
-    try:
-        from bridge.capture import with_user_line
-    except ImportError:   # a capture without user-line reporting
-        return message
-    return with_user_line(message)
-
-
 def _marking_backward(original):
     def backward(*args, **kwargs):
         if _active and _active[-1].stepped:
-            raise MicroBatchError(_at_user_line(
+            raise MicroBatchError(with_user_line(
                 "with micro-batching, loss.backward() is called after optimizer.step() in "
                 "the same step; only what follows the last backward() runs once on the "
                 "combined gradients, so an earlier optimizer step would run once per "
@@ -91,7 +82,6 @@ class mark_gradients:
         self.marker = _Marker(list(params))
 
     def __enter__(self):
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
         if not _active:
             self.original = torch.autograd.backward
             torch.autograd.backward = _marking_backward(self.original)

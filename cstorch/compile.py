@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 
 from cstorch.backend import (Backend, BackendType, backend as make_backend,
                              current_backend_impl, current_or_cpu_backend)
+from cstorch.amp import autocast
 
 
 class CompiledModule:
@@ -23,7 +24,6 @@ class CompiledModule:
 
     def __call__(self, *args, **kwargs):
         if self.backend.params.get("mixed_precision"):
-            from cstorch.amp import autocast
             with autocast():
                 return self.module(*args, **kwargs)
         return self.module(*args, **kwargs)

@@ -6,6 +6,7 @@ import torch
 
 from bridge.errors import DataDependentShapeError
 from bridge.ops.registry import canonical_dim, lowering, scalar_as_vector
+import functools
 
 aten = torch.ops.aten
 
@@ -22,7 +23,6 @@ def _scatter_rules(fn):
     """ATen's scatter rules `fn` need not know: an empty index writes nothing, whatever its
     rank (a gather's backward scatters a (2, 0) index into a 1-d input); a 0-d input,
     its 0-d index and 0-d source act as 1-element vectors along dim 0 or -1."""
-    import functools
 
     @functools.wraps(fn)
     def wrapped(x, dim, index, src, *args, **kwargs):

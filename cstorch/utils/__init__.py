@@ -1,4 +1,6 @@
 """`cerebras.pytorch.utils`."""
+import importlib
+
 from cstorch.utils import (benchmark, call_once, data, kernel, nest, num_kv_groups, profiler,
                            tracker, utils)
 from cstorch.utils.cs_config import CSConfig
@@ -15,7 +17,5 @@ def __getattr__(name):
     # package add 0.1-0.3 s to `import cstorch`, paid by every program, though few of
     # them write summaries.
     if name == "tensorboard":
-        import importlib
-
         return importlib.import_module("cstorch.utils.tensorboard")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
