@@ -17,15 +17,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from jax.experimental import multihost_utils
 
 import wafer
 from bridge import tensor_to_jax, to_jax_dtype
-from bridge.device_tensor import Absent, Cell, DeviceTensor, requires_grad_writes
-from cstorch.run.capture_context import is_capturing
 from bridge.capture import with_user_line
-from cstorch.metrics.metric import state_prefix
-from jax.experimental import multihost_utils
 from bridge.convert import local_value, put_global
+from bridge.device_tensor import Absent, Cell, DeviceTensor, requires_grad_writes
+from cstorch.errors import StepRefusedError
+from cstorch.metrics.metric import state_prefix
+from cstorch.run.capture_context import is_capturing
 
 _DROPPED = {
     "compile_only": "the backend is compile_only: no step is executed, so no value is computed",
@@ -67,7 +68,7 @@ class TrackedTable(dict):
 
     def __setitem__(self, key, value):
         if key not in self and is_capturing():
-            raise RuntimeError(self._added_in_capture(key))
+            raise StepRefusedError(self._added_in_capture(key))
         super().__setitem__(key, value)
         self.state.dirty = True
 

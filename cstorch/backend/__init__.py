@@ -17,18 +17,19 @@ import torch
 
 import wafer
 from bridge.device_tensor import HostReads
+from bridge.precision import MatmulPolicy
 from cstorch.backend import ltc_backend
+from cstorch.backend import process_group
 from cstorch.backend.cluster import Cluster
+from cstorch.backend.device import Device
 from cstorch.backend.types import (BOOL_PARAMS, DISTRIBUTED_ONLY, PARAMS, BackendType,
                                    get_backend_args)
 from cstorch.backends import csx
-from cstorch.backend.device import Device
+from cstorch.errors import BackendError, ConfigurationError
 from cstorch.run import current
-from cstorch.run.current import current_backend_impl
 from cstorch.run.capture_context import is_capturing
+from cstorch.run.current import current_backend_impl
 from cstorch.state import RunState
-from cstorch.backend import process_group
-from bridge.precision import MatmulPolicy
 
 # Before the user's code starts threads: a thread that allocates before glibc is held to one
 # arena keeps one of its own, and XLA's threads may later be handed it (wafer.host_memory).
@@ -52,7 +53,7 @@ class BackendMeta(type):
     def __call__(cls, *args, **kwargs):
         existing = current.backend()
         if existing is not None and not _replacing_allowed:
-            raise RuntimeError(
+            raise BackendError(
                 f"cannot instantiate a second backend: a {existing.backend_type} backend "
                 f"already exists in this process, and only one backend may be created per "
                 f"run. Use cstorch.backend() to get the existing one.")
@@ -126,7 +127,7 @@ class Backend(metaclass=BackendMeta):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
         mc = values["max_checkpoints"]
         if mc is not None and (not isinstance(mc, int) or isinstance(mc, bool) or mc < 1):
-            raise ValueError(f"max_checkpoints must be None or a positive int, got {mc!r}")
+            raise ConfigurationError(f"max_checkpoints must be None or a positive int, got {mc!r}")
         if values.get("mixed_precision") not in (None, True, False):
             raise TypeError(f"mixed_precision must be a bool or None, got {values['mixed_precision']!r}")
         if not isinstance(values.get("main_process_id", 0), int):
@@ -340,7 +341,7 @@ def backend(backend_type: Optional[str] = None, *args, **kwargs) -> Backend:
             raise TypeError("backend parameters need a backend_type (\"CSX\", \"CPU\" or \"GPU\")")
         existing = current.backend()
         if existing is None:
-            raise RuntimeError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
+            raise BackendError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
         return existing
     return Backend(backend_type, *args, **kwargs)
 
@@ -349,7 +350,7 @@ def _positional(backend_type, args, kwargs) -> dict:
     """Positional backend parameters, named in the order the reference lists them."""
     kind = backend_type.upper() if isinstance(backend_type, str) else backend_type
     if kind not in PARAMS:
-        raise ValueError(
+        raise ConfigurationError(
             f"unknown backend type {backend_type!r}; expected one of \"CSX\", \"CPU\", \"GPU\"")
     order = list(PARAMS[kind])
     if len(args) > len(order):
@@ -370,7 +371,7 @@ def current_backend(raise_exception: bool = True, raise_warning: bool = True) ->
                       DeprecationWarning, stacklevel=2)
     existing = current.backend()
     if existing is None and raise_exception:
-        raise RuntimeError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
+        raise BackendError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
     return existing
 
 

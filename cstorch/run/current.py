@@ -3,6 +3,8 @@ per process and one running executor (an inner loop hands the slot back to the o
 when it ends)."""
 from typing import Any, Optional
 
+from cstorch.errors import BackendError
+
 _backend: Optional[Any] = None
 _executor: Optional[Any] = None
 
@@ -16,7 +18,7 @@ def current_backend_impl(raise_exception: bool = True) -> Optional[Any]:
     """The current backend. With none: a RuntimeError if `raise_exception` (the default),
     else None (Model Zoo's `current_backend_impl(raise_exception=False)`)."""
     if _backend is None and raise_exception:
-        raise RuntimeError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
+        raise BackendError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
     return _backend
 
 

@@ -3,6 +3,7 @@ per-parameter state and their float hyperparameters point at traced stand-ins wh
 step runs, and back at the run's values after."""
 import contextlib
 
+from cstorch.errors import StepRefusedError
 from cstorch.optim import _update
 
 
@@ -46,7 +47,7 @@ def bind_hyperparameters(items, traced):
             now = group[key] if index is None else group[key][index]
             if now is not t:
                 # The program could not carry a value set here; restoring it would drop it.
-                raise RuntimeError(
+                raise StepRefusedError(
                     f"the param group's {key!r} was assigned inside the traced step, where a "
                     "float hyperparameter is an input of the compiled program and the new "
                     "value would be lost; assign it between steps (that reuses the program), "

@@ -4,7 +4,6 @@ dispatched, and its results handed back.
 A call dispatches the program and returns at once: state, gradients and returned tensors
 stay on the device as `DeviceTensor`s until something reads them.
 """
-import sys
 import warnings
 from typing import Any, NamedTuple
 
@@ -17,13 +16,12 @@ import wafer
 from bridge.convert import put_global, tensor_to_input, to_jax_dtype
 from bridge.device_tensor import Absent, DeviceTensor
 from cstorch.backend.process_group import global_inputs
+from cstorch.errors import MissingStateError
+from cstorch.notices import inform
 from cstorch.tracing import index_check
 from cstorch.utils.data.executor import (defer_checkpoint_closure, defer_step_closure,
                                          is_checkpoint_step, note_step_output,
                                          runs_step_closures)
-
-_noticed: set = set()
-
 
 class StepData(NamedTuple):
     """Everything a compiled step takes, in the order it takes it: the state arrays (in
@@ -127,7 +125,7 @@ def check_values(state):
     missing = state.absent()
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise RuntimeError(
+        raise MissingStateError(
             f"cannot run the step: the backend was created with drop_data=True and these state "
             f"tensors have no value: {shown}. Load a checkpoint with values for every state "
             f"tensor first, e.g. state = cstorch.load(path); model.load_state_dict(state['model']); "
@@ -160,19 +158,12 @@ def not_executed(program, backend):
               for dt, shape in zip(program.out_dtypes, program.out_shapes)]
     for call in program.closures:
         if call.tensor_positions:
-            _notice(f"{mode}: step closure {getattr(call.fn, '__qualname__', call.fn)!r} "
-                    f"skipped, it reads values that are not computed")
+            inform(f"{mode}: step closure {getattr(call.fn, '__qualname__', call.fn)!r} "
+                   f"skipped, it reads values that are not computed", once=True)
         elif not call.checkpoint_only or is_checkpoint_step():
             args, kwargs = pytree.tree_unflatten(list(call.leaves), call.spec)
             call.fn(*args, **kwargs)
     return program.results.rebuild(values)
-
-
-def _notice(message: str):
-    """A one-line notice on stderr, once per message."""
-    if message not in _noticed:
-        _noticed.add(message)
-        print(f"cstorch: {message}", file=sys.stderr)
 
 
 def _report_non_finite(flags, program):

@@ -13,7 +13,6 @@ import functools
 import logging
 import math
 import os
-import sys
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from cstorch.backend.process_group import global_shape
 from cstorch.backends import csx
 from cstorch.distributed.batch_norm import PerProcessBatchNorm
 from cstorch.metrics.metric import Metric
+from cstorch.notices import inform
 from cstorch.optim.optimizer import hyperparameters
 from cstorch.run.capture_context import CaptureContext, UnregisteredModule, capturing
 from cstorch.tracing import hooks, index_check, micro_batch, python_values
@@ -75,9 +75,9 @@ def _register(backend, module, name):
         # Metrics are meant to be called in steps without being compiled.
         backend.state.add_metric(module)
     else:
-        print(f"cstorch: {type(module).__name__} used in {name} was not passed to "
-              f"cstorch.compile; its parameters and buffers are now state of the run as "
-              f"model{len(backend.modules)}", file=sys.stderr)
+        inform(f"{type(module).__name__} used in {name} was not passed to "
+               f"cstorch.compile; its parameters and buffers are now state of the run as "
+               f"model{len(backend.modules)}")
         backend.modules.append(module)
     backend.state.refresh()
 

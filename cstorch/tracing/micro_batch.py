@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import os
 import statistics
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from bridge.device_tensor import GradSource
 from bridge.errors import MicroBatchError
 from bridge.split import mark_gradients, split_at_gradients
 from cstorch.backends import csx
+from cstorch.notices import inform
 from cstorch.optim.optimizer import hyperparameters
 from cstorch.run.capture_context import UnregisteredModule
 
@@ -276,23 +276,23 @@ def _auto(backend, call, name, capture_one):
         raise
     except Exception as e:   # a step that cannot be micro-batched still runs, whole
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        print(f"cstorch: micro_batch_size 'auto' for {name}: the whole batch of {batch} needs "
-              f"{_size(used)} of {_size(limit)} per device ({source}), but the step cannot be "
-              f"micro-batched ({first}); it runs whole", file=sys.stderr)
+        inform(f"micro_batch_size 'auto' for {name}: the whole batch of {batch} needs "
+               f"{_size(used)} of {_size(limit)} per device ({source}), but the step cannot be "
+               f"micro-batched ({first}); it runs whole")
         _write_artifacts(backend, whole, name)
         return whole
     if best is None:   # a batch of one: nothing smaller to try
         return whole
     measured = ", ".join(f"{size}: {_size(u)}" for size, u in sorted(tried.items(), reverse=True))
     if not best_fits:
-        print(f"cstorch: micro_batch_size 'auto' for {name}: no micro-batch size fits "
-              f"{_size(limit)} per device ({source}); using {sizes[0]}, the smallest "
-              f"(measured per size: {measured})", file=sys.stderr)
+        inform(f"micro_batch_size 'auto' for {name}: no micro-batch size fits "
+               f"{_size(limit)} per device ({source}); using {sizes[0]}, the smallest "
+               f"(measured per size: {measured})")
     else:
-        print(f"cstorch: micro_batch_size 'auto' chose {best.micro_batch_size} for {name} "
-              f"(batch {batch}, {batch // best.micro_batch_size} micro-batches), the largest "
-              f"size that fits {_size(limit)} per device ({source}); measured per size: "
-              f"{measured}", file=sys.stderr)
+        inform(f"micro_batch_size 'auto' chose {best.micro_batch_size} for {name} "
+               f"(batch {batch}, {batch // best.micro_batch_size} micro-batches), the largest "
+               f"size that fits {_size(limit)} per device ({source}); measured per size: "
+               f"{measured}")
         _write_artifacts(backend, best, name)
     return best
 

@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 import cstorch.optim.lr_scheduler as ours
 from bridge.capture import with_user_line
 from bridge.device_tensor import DeviceTensor
+from cstorch.errors import StepRefusedError, TorchOptimizerInStepError
 from cstorch.optim.optimizer import Optimizer
 from cstorch.run.capture_context import UnregisteredModule
 from cstorch.state import TrackedTable
@@ -21,7 +22,7 @@ def refuse_optimizers(on_host: set):
     parameters (ids in `on_host`) belong to no compiled module."""
     def hook(optimizer, args, kwargs):
         if id(optimizer) in on_host:
-            raise RuntimeError(with_user_line(
+            raise StepRefusedError(with_user_line(
                 "the optimizer holds a parameter that belongs to no compiled module; call "
                 "cstorch.compile(model) before creating the optimizer for its parameters"))
         refuse_torch_optimizer(optimizer, args, kwargs)
@@ -34,7 +35,7 @@ def refuse_torch_optimizer(optimizer, args, kwargs):
     # torch's optimizers create their state lazily inside the step and hold the module's
     # own parameters, not the traced ones: under trace they would silently update nothing.
     name = type(optimizer).__name__
-    raise TypeError(with_user_line(
+    raise TorchOptimizerInStepError(with_user_line(
         f"a torch.optim.{name} is used in a traced step; traced steps need optimizers whose "
         f"state exists before the first step: use cstorch.optim.{name} "
         f"(from cerebras.pytorch.optim) instead"))
@@ -52,7 +53,7 @@ def refuse_torch_schedulers():
         name = type(self).__name__
         alternative = (f"use cstorch.optim.lr_scheduler.{name}, which steps on the device inside "
                        "a traced step, or " if hasattr(ours, name) else "")
-        raise RuntimeError(with_user_line(
+        raise StepRefusedError(with_user_line(
             f"torch.optim.lr_scheduler.{name}.step() was called inside a traced step, where its "
             f"Python-side learning rate cannot follow the compiled program; {alternative}call "
             "scheduler.step() outside the traced function, between steps (that reuses the "
@@ -85,7 +86,7 @@ def refuse_torch_grad_scaler():
             if not self.is_enabled() or type(self).__module__.split(".")[0] in ("cstorch",
                                                                              "cerebras"):
                 return original(self, *args, **kwargs)
-            raise RuntimeError(with_user_line(
+            raise StepRefusedError(with_user_line(
                 f"torch.amp.GradScaler.{name}() was called inside a traced step: the scaler "
                 "reads the gradients' values on the host to decide whether to skip the "
                 "optimizer step, which a compiled step cannot do. Use cstorch.amp.GradScaler "
@@ -153,20 +154,20 @@ def stray_tensor_hook(state, traced, constants):
         if isinstance(t, DeviceTensor):
             i = state.index.get(id(t.cell))
             if i is None:
-                raise RuntimeError(with_user_line(
+                raise StepRefusedError(with_user_line(
                     f"the traced step reads a tensor of shape {tuple(t.shape)} computed by an "
                     "earlier step (or held by another backend) without taking it as an "
                     "argument; pass it to the step function as an argument"))
             return t._apply_view(traced[i])
         if isinstance(t, torch.nn.Parameter):
-            raise RuntimeError(with_user_line(
+            raise StepRefusedError(with_user_line(
                 f"the traced step reads a torch.nn.Parameter of shape {tuple(t.shape)} that "
                 "belongs to no compiled module, so later changes to it could not reach the "
                 "compiled program; pass the module that holds it to cstorch.compile before "
                 "the first step (a parameter taken from a module before cstorch.compile is "
                 "the old host tensor: take it from the module again)"))
         if t.requires_grad:
-            raise RuntimeError(with_user_line(
+            raise StepRefusedError(with_user_line(
                 f"the traced step reads a tensor of shape {tuple(t.shape)} that requires grad "
                 "but belongs to no compiled module: no gradient could reach it and its "
                 "changes could not reach the compiled program; make it an nn.Parameter of "
