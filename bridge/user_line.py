@@ -158,13 +158,13 @@ def anchor_stack_traces(fn):
     """
     target = getattr(fn, "__func__", fn)
     if not hasattr(target, "__code__"):
-        target = getattr(type(fn), "__call__", None)
+        target = getattr(type(fn), "__call__", None)  # noqa: B004 (the method itself)
     while hasattr(target, "__wrapped__") and not hasattr(target, "__code__"):
         target = target.__wrapped__
     if not hasattr(target, "__code__"):
         return None
     try:
-        from torch.fx.proxy import _register_stack_trace_anchor
+        from torch.fx.proxy import _register_stack_trace_anchor  # noqa: PLC0415 (private; absent from some torch builds)
     except ImportError:  # a torch without anchors: traces keep `forward` frames only
         return target.__code__
     _register_stack_trace_anchor(target)

@@ -231,7 +231,7 @@ def get_hooks_executor(arg) -> ReverseHooksExecutor:
     if executor is None:
         executor = ReverseHooksExecutor()
         try:
-            setattr(arg, "_cs_hooks_executor", executor)
+            arg._cs_hooks_executor = executor
         except AttributeError:
             raise TypeError(f"cannot attach hooks to a {type(arg).__name__}") from None
     return executor

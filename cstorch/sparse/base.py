@@ -94,7 +94,7 @@ def _in_module_apply() -> bool:
     return False
 
 
-class SparsityAlgorithm(ABC):
+class SparsityAlgorithm(ABC):  # noqa: B024 (abstract by the reference, not by methods)
     """Base class of sparsity algorithms.
 
     ``sparsity``: the fraction of each chosen parameter's weights that are zero, in
@@ -232,7 +232,7 @@ class SparsityAlgorithm(ABC):
         self._by_module[id(module)].append(sp)
         return sp
 
-    def csx_annotate_sparsity(self, param):
+    def csx_annotate_sparsity(self, param):  # noqa: B027 (nothing to do here, by design)
         """Tell the wafer compiler the sparsity of `param` (a `SparseParameter`). Nothing
         to do here: the masks are applied as ordinary ops, which every backend lowers."""
 

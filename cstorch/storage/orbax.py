@@ -40,7 +40,7 @@ RUN_STATE, OBJECT = "run_state", "tree"
 
 
 def _ocp():
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # noqa: PLC0415 (heavy; only Orbax checkpoints need it)
     return ocp
 
 
@@ -317,7 +317,7 @@ def _restore_numpy(item_path):
 
 def _handler_metadata(item_path):
     ocp = _ocp()
-    from etils import epath
+    from etils import epath  # noqa: PLC0415 (comes with orbax, loaded only with it)
     return ocp.PyTreeCheckpointHandler().metadata(epath.Path(item_path)).tree
 
 

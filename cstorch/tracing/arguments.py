@@ -68,7 +68,7 @@ def fingerprint(value, depth: int = 0):
 
 def _cell_filled(cell):
     try:
-        cell.cell_contents
+        cell.cell_contents  # noqa: B018 (reading an empty cell raises)
         return True
     except ValueError:
         return False
