@@ -216,8 +216,10 @@ def _lower(graph, backend, layout, outcome, micro):
         warnings.warn("cstorch.backends.csx.debug.check_indices does not cover micro-batched "
                       "steps; set micro_batch_size=None to check their indices", stacklevel=2)
     n = len(layout.cells)
+    lowered = micro.lower(graph, n, n + len(layout.grad_in) + 2 * len(layout.hyper),
+                          backend.mesh)
     outcome.shapes = micro.output_shapes(outcome.shapes, n + len(outcome.grad_out))
-    return micro.lower(graph, n, n + len(layout.grad_in) + 2 * len(layout.hyper), backend.mesh)
+    return lowered
 
 
 def _jax_fn(lowered, backend, layout, outcome, packing):
