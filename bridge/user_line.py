@@ -59,7 +59,7 @@ _MACHINERY_FILES = frozenset({os.path.join(_TORCH, "__init__.py"),
 def machinery(filename: str) -> bool:
     """Whether a frame of `filename` is torch's tracing machinery, never the user's code.
     make_fx asks torch's `uninteresting_files()`, whose list takes importing
-    torch._inductor and torch.export to build (about 0.23 s of a process's first step);
+    torch._inductor and torch.export to build, a cost on every process's first step;
     every file of that list lies in these folders or files."""
     return filename in _MACHINERY_FILES or filename.startswith(_MACHINERY_DIRS)
 
@@ -70,7 +70,7 @@ _formatted_traces: dict = {}
 # The stack trace of a node no frame of the user's code made (a graph input, or an op of a
 # step defined in `python -c` or `exec`'d code, whose frames are `<string>`). make_fx
 # extracts and symbolises the whole stack itself for any node without a trace, to find
-# the same nothing (0.5 s of gpt-small's capture from `python -c`). Removed afterwards.
+# the same nothing, at a cost that grows with the model. Removed afterwards.
 NO_USER_FRAME = "<no user frame>"
 
 

@@ -48,7 +48,7 @@ def _one_per_row(x, dim, index):
     """The one-hot mask of an index with one entry per row along `dim` and `x`'s extent
     elsewhere (NLL's gradient scatters -1 at each target this way), else None. As a
     comparison the write fuses into what reads it; a scatter makes XLA write a whole
-    array of the input first (the zeros of NLL's gradient: 3-4 ms a step in gpt-small)."""
+    array of the input first (the zeros of NLL's gradient)."""
     if index.shape[dim] != 1 or any(n != m for i, (n, m) in enumerate(zip(index.shape, x.shape))
                                     if i != dim):
         return None

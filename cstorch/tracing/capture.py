@@ -291,7 +291,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
 # before updating it in place. On the CPU such an array is not donated when it is at least
 # this large: its new value then takes a buffer of its own, which holds as much as the copy
 # did but costs no copying. Below the size, donation cost less in the measurements
-# (docs/benchmarks.md, "Changes of 2026-12-06").
+# (docs/benchmarks.md, on donation).
 KEEP_MIN_BYTES = 256 * 1024
 
 

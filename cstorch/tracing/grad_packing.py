@@ -6,7 +6,7 @@ import numpy as np
 
 # Packing small gradients into one array saves the per-output cost of the step's call (a few
 # microseconds each); packing copies every byte, which costs more once gradients average
-# more than about this many bytes (gpt-small's 13.8 MB of gradients: 6-10 ms a step).
+# more than about this many bytes (docs/benchmarks.md gives the measurements).
 PACK_MEAN_BYTES = 16 * 1024
 
 

@@ -182,9 +182,9 @@ def stray_tensor_hook(state, traced, constants):
 def older_objects_frozen():
     """Objects that exist now are left out of the garbage collector's passes until the end.
 
-    Capturing, lowering and compiling a step allocate enough objects to set off a full
-    collection, which walks every object torch and jax hold: 0.20-0.29 s of gpt-small's
-    5 s first step (0.02-0.03 s with them frozen). They go back to the collector after."""
+    Capturing, lowering and compiling a step allocate enough objects to set off full
+    collections, each of which walks every object torch and jax hold; frozen, those are
+    skipped (docs/benchmarks.md measures it). They go back to the collector after."""
     gc.freeze()
     try:
         yield
