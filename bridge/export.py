@@ -15,11 +15,8 @@ from torch.utils import _pytree as pytree
 
 from bridge.capture import capture, decompositions
 from bridge.convert import tensor_to_jax
+from bridge.errors import DynamicShapeError
 from bridge.lower import check_lowerable, lower
-
-
-class DynamicShapeError(ValueError):
-    """The exported program has a symbolic (dynamic) dimension, which bridge does not lower."""
 
 
 def _refuse_dynamic_dims(ep: ExportedProgram):

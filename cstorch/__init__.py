@@ -2,6 +2,8 @@
 
 This module is a face: it re-exports the public names, which live in the modules below.
 """
+import sys
+
 from cstorch import amp, backends, distributed, metrics, optim, utils
 from cstorch import cirh, core, experimental, lib, nn, profiler
 from cstorch import numpy, sparse
@@ -18,8 +20,11 @@ from cstorch.tracing import JaxStep, TracedStep
 from cstorch.utils.data.executor import current_executor
 from cstorch.utils.numpy import from_numpy, to_numpy
 from cstorch.utils.step_closures import checkpoint_closure, step_closure
+from cstorch.version import __version__ as __version__
 
-__version__ = "0.1.0"
+# The reference's `cerebras.pytorch.nn.functional` has the package as an attribute; set
+# here, since the module importing its own parent package would be an import cycle.
+nn.functional.cstorch = sys.modules[__name__]
 
 # True only while documentation is generated (never here); Model Zoo checks it to swap in
 # stand-ins for classes that need a live cluster.

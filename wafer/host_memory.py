@@ -48,7 +48,7 @@ def _glibc():
         return None
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.gnu_get_libc_version  # musl and other C libraries have no such symbol
+        libc.gnu_get_libc_version  # noqa: B018 (musl and other C libraries lack it)
         return libc
     except (OSError, AttributeError):
         return None

@@ -3,8 +3,8 @@ lowered to a `jax.lax.scan` over time.
 
 PyTorch's own CPU path cannot be captured as is: `aten.lstm` picks oneDNN's
 `mkldnn_rnn_layer`, an opaque kernel. With oneDNN off it unrolls one cell per time step, so
-the graph, the capture time and XLA's compile time all grow with the sequence length (about
-70 s for a 2-layer bidirectional LSTM over 32 steps). Capture therefore routes the four
+the graph, the capture time and XLA's compile time all grow with the sequence length.
+Capture therefore routes the four
 `torch._VF` entry points that `nn.RNNBase` calls (see `route`) to `recurrent`, which keeps
 PyTorch's layer structure (layers, directions, dropout between layers through the usual
 `torch.dropout`, so it draws from the step's traced RNG like any other dropout) and hands

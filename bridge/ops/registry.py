@@ -8,6 +8,7 @@ need not reproduce PyTorch's type promotion to the letter.
 from typing import Callable
 
 from torch._ops import OpOverload, OpOverloadPacket
+import functools
 
 LOWERINGS: dict[OpOverload, Callable] = {}
 
@@ -59,7 +60,6 @@ def scalar_as_vector(fn):
     ATen treats a 0-d tensor as having one dimension of size 1 for `dim` arguments
     (dim 0 and -1 both name it); jax.numpy has no axis to name there.
     """
-    import functools
 
     @functools.wraps(fn)
     def wrapped(x, *args, **kwargs):

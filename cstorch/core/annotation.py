@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from cstorch.backend import current_backend_impl
+from cstorch.run.current import current_backend_impl
 from cstorch.core.graph_meta import CS_INTERNAL, annotated
 from cstorch.lib import cerebras_pytorch_lib
 
@@ -231,7 +231,7 @@ def get_hooks_executor(arg) -> ReverseHooksExecutor:
     if executor is None:
         executor = ReverseHooksExecutor()
         try:
-            setattr(arg, "_cs_hooks_executor", executor)
+            arg._cs_hooks_executor = executor
         except AttributeError:
             raise TypeError(f"cannot attach hooks to a {type(arg).__name__}") from None
     return executor

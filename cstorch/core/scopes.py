@@ -5,6 +5,9 @@ import functools
 from typing import Optional
 
 from cstorch.core.graph_meta import MATMUL_POLICY, NAME_SCOPE, annotated
+from cstorch.run import current
+import wafer
+from bridge.precision import MatmulPolicy
 
 __all__ = ["name_scope", "current_name_scope", "set_debug_scope", "pol", "current_pol"]
 
@@ -86,8 +89,7 @@ def _check_level(what: str, level):
 
 
 def _backend_level() -> int:
-    from cstorch.backend import current_backend_impl
-    backend = current_backend_impl(raise_exception=False)
+    backend = current.backend()
     level = backend.precision_level if backend is not None else None
     return 0 if level is None else level
 
@@ -96,8 +98,6 @@ def _policy(level: int):
     """The `bridge.precision.MatmulPolicy` of a level (None: exact float32)."""
     if not level:
         return None
-    import wafer
-    from bridge.precision import MatmulPolicy
     return MatmulPolicy(**wafer.matmul_dtypes(level))
 
 
@@ -175,6 +175,5 @@ class pol:
 
 
 def _applies() -> bool:
-    from cstorch.backend import current_backend_impl
-    backend = current_backend_impl(raise_exception=False)
+    backend = current.backend()
     return backend is not None and backend.precision_level is not None

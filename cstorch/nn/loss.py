@@ -14,7 +14,7 @@ import torch
 from torch.nn import _reduction
 
 from cstorch.nn.autogen import take_use_autogen
-from cstorch.tracing.capture import capturing
+from cstorch.run.capture_context import capturing
 
 __all__ = ["GaussianNLLLoss", "HuberLoss", "MultiMarginLoss", "SmoothL1Loss"]
 

@@ -146,7 +146,7 @@ class Scheduler(ABC):
                 else:
                     group[key] = value.clone()
 
-    def update_last_value(self):
+    def update_last_value(self):  # noqa: B027 (a hook subclasses may fill)
         """Make the values just written the ones `get_last_value()` reports. They are the
         driven groups' own tensors, written in place by `update_groups()` (inside a traced
         step those are the step's state), so there is nothing to copy here."""
@@ -276,7 +276,8 @@ class PolynomialScheduler(Scheduler):
                  param_group_tags: TagsT = None):
         if cycle:
             warnings.warn(f"{type(self).__name__}(cycle=True) holds the end value after "
-                          f"total_iters, as the real package does: the decay does not restart")
+                          f"total_iters, as the real package does: the decay does not restart",
+                          stacklevel=2)
         self.initial_val, self.end_val, self.power, self.cycle = initial_val, end_val, power, cycle
         super().__init__(optimizer, total_iters, param_group_tags=param_group_tags)
 
@@ -510,13 +511,14 @@ class CyclicScheduler(Scheduler):
         if mode in ("triangular", "triangular2"):
             if scale_mode != "cycle":
                 warnings.warn(f"{type(self).__name__}: mode {mode!r} scales the amplitude per "
-                              f"cycle; scale_mode={scale_mode!r} does not apply (as in torch)")
+                              f"cycle; scale_mode={scale_mode!r} does not apply (as in torch)",
+                              stacklevel=2)
             scale_mode = "cycle"
         elif mode == "exp_range":
             scale_mode = "iterations"
         else:
             warnings.warn(f"{type(self).__name__}: mode {mode!r} is not one of {_CYCLIC_MODES}; "
-                          f"the first step() will raise")
+                          f"the first step() will raise", stacklevel=2)
         self.scale_mode = scale_mode
         super().__init__(optimizer, None, param_group_tags=param_group_tags)
 
@@ -574,7 +576,7 @@ class OneCycleScheduler(Scheduler):
         self.anneal_strategy = anneal_strategy
         if anneal_strategy not in _ANNEAL:
             warnings.warn(f"{type(self).__name__}: anneal_strategy {anneal_strategy!r} is not "
-                          f"one of {_ANNEAL}; the first step() will raise")
+                          f"one of {_ANNEAL}; the first step() will raise", stacklevel=2)
         super().__init__(optimizer, None, param_group_tags=param_group_tags)
 
     def _initial_values(self):

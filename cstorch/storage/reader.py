@@ -13,6 +13,7 @@ from cstorch.storage.lazy import FileSource
 from cstorch.storage.pytree import children, leaf_keys
 from cstorch.storage.serializers import Link, read_leaf
 from cstorch.storage.utils import renamed_keywords
+from cstorch.storage import orbax as _orbax
 
 try:  # registers the LZ4 filter with HDF5, needed for compressed checkpoints
     import hdf5plugin  # noqa: F401
@@ -105,7 +106,6 @@ def load(ckpt_path, map_location=None, **kwargs):
         if not os.path.exists(name):
             raise RuntimeError(f"checkpoint {name} does not exist")
         if os.path.isdir(name):
-            from cstorch.storage import orbax as _orbax  # imports orbax only when needed
             if _orbax.is_orbax_checkpoint(name):
                 # Orbax data is read eagerly: it has no lazily read tensors.
                 result = _orbax.read_orbax(name)

@@ -7,7 +7,7 @@ torch, jax, jaxlib and NumPy, the content of this project's source, the step fun
 (module, name, code), the backend (type, devices, mesh, XLA flags), the state layout
 (every entry's name and cell, every cell's shape and dtype), the module classes, the
 optimizers' classes, which parameters hold a gradient, and everything the in-process
-program key holds (`TracedStep._key`: the call's arguments, tensors by shape and dtype and
+program key holds (`ProgramCache.key`: the call's arguments, tensors by shape and dtype and
 other values by value, train/eval and `requires_grad` flags, the optimizers' settings,
 precision and debug settings, the default and autocast dtypes), and the Python values the
 step may read (`python_values`), by value. The entry found then holds what every source
@@ -47,7 +47,8 @@ import wafer
 from bridge.device_tensor import GradSource
 from cstorch.tracing import hooks
 from cstorch.tracing.arguments import Results
-from cstorch.tracing.capture import Program, python_values_of
+from cstorch.tracing.capture import python_values_of
+from cstorch.tracing.program import Program
 
 log = logging.getLogger("cstorch")
 
@@ -210,7 +211,7 @@ def watched(python_values) -> list:
 
 
 def key(step_fn, backend, program_key, python_values) -> str:
-    """The store's key for a program of `step_fn` under `program_key` (`TracedStep._key`,
+    """The store's key for a program of `step_fn` under `program_key` (`ProgramCache.key`,
     whose state version is replaced by the state layout), also keyed by which parameters
     hold a gradient (the program's inputs)."""
     state = backend.state
@@ -336,22 +337,23 @@ def _current_digest(name):
     return _file_digest(name)
 
 
-def capture_or_load(traced_step, backend, call, program_key, capture):
+def capture_or_load(steps, backend, call, program_key, capture):
     """(program, whether it was taken from `compile_dir`): the stored program for this
-    call, or `capture()`'s, stored for the next process where it can be."""
+    call, or `capture()`'s, stored for the next process where it can be. `steps` is the
+    step's `ProgramCache` (its step function, name and key)."""
     directory = wafer.compile_dir()
-    name = traced_step.name
+    name = steps.name
     if directory is None or backend.retrace_every_iteration:
         return capture(), False
     state = backend.state
     try:
-        digest = key(traced_step.step_fn, backend, program_key,
-                     python_values_of(traced_step.step_fn, state.named_modules()))
+        digest = key(steps.step_fn, backend, program_key,
+                     python_values_of(steps.step_fn, state.named_modules()))
     except Unstorable as e:
         log.debug("cstorch: %s is not looked up in compile_dir: %s", name, e)
         return capture(), False
     program = load(directory, digest, backend,
-                   python_values_of(traced_step.step_fn, state.named_modules()))
+                   python_values_of(steps.step_fn, state.named_modules()))
     if program is not None:
         log.info("cstorch: %s taken from compile_dir without a capture", name)
         return program, True
@@ -360,7 +362,7 @@ def capture_or_load(traced_step, backend, call, program_key, capture):
     if reason is None:
         try:
             sources = source_digests()
-            digest = key(traced_step.step_fn, backend, traced_step._key(backend, call)[0],
+            digest = key(steps.step_fn, backend, steps.key(backend, call)[0],
                          program.python_values)
             store(directory, digest, program, sources)
         except Unstorable as e:

@@ -5,17 +5,13 @@ from typing import List
 import torch
 import torch.utils._pytree as pytree
 
-from cstorch import backend as _backend
-from cstorch.tracing import capturing
+from cstorch.run.capture_context import capturing
+from cstorch.run.current import current_backend_impl
 from cstorch.utils.data.executor import defer_checkpoint_closure, defer_step_closure
+from cstorch.backend import ltc_backend
 
 __all__ = ["step_closure", "checkpoint_closure", "StepClosureContext", "RepeatStepClosure",
            "current_backend_impl"]
-
-
-def current_backend_impl(raise_exception: bool = True):
-    """The current backend; with none, a RuntimeError, or None if not `raise_exception`."""
-    return _backend.current_backend_impl(raise_exception=raise_exception)
 
 
 class StepClosureContext:
@@ -69,7 +65,6 @@ def _receiving(closure):
 
     @functools.wraps(closure)
     def run(*args, **kwargs):
-        from cstorch.backend import ltc_backend
         if ltc_backend.has_hooks():
             for i, leaf in enumerate(pytree.tree_leaves((args, kwargs))):
                 if isinstance(leaf, torch.Tensor):

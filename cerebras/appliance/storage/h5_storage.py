@@ -8,6 +8,10 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional
 
+import h5py
+import torch.utils._pytree as pytree
+
+import cstorch
 from cerebras.appliance.storage.base_storage import (
     PathLike,
     StorageDeleter,
@@ -15,6 +19,7 @@ from cerebras.appliance.storage.base_storage import (
     StorageWriter,
     path_scheme,
 )
+from cstorch.storage.pytree import leaf_keys
 
 # Root attributes that describe the saved tree rather than the checkpoint as a whole.
 _PER_TREE_ATTRS = ("__spec__",)
@@ -69,7 +74,6 @@ class H5Reader(StorageReader):
 
     @property
     def global_metadata(self) -> Dict[str, Any]:
-        import h5py
 
         if os.path.isdir(self.path) or not h5py.is_hdf5(self.path):
             return {}
@@ -79,15 +83,12 @@ class H5Reader(StorageReader):
 
     def load(self, map_location=None, **kwargs):
         """The whole checkpoint, exactly as `cstorch.load(path, map_location, ...)`."""
-        import cstorch
 
         return cstorch.load(self.path, map_location=map_location, **kwargs)
 
     def _index(self) -> Dict[str, Any]:
         if self._entries is None:
-            import torch.utils._pytree as pytree
 
-            from cstorch.storage.pytree import leaf_keys
 
             leaves, spec = pytree.tree_flatten(self.load())
             self._entries = dict(zip(leaf_keys(spec), leaves))
@@ -145,7 +146,6 @@ class H5Writer(StorageWriter):
         return _is_local(path) and os.path.exists(os.fspath(path))
 
     def write(self, obj) -> None:
-        import cstorch
 
         cstorch.save(obj, self.path)
 

@@ -6,6 +6,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from cstorch.utils.data.workers import Layout, Worker, worker_state
+from cstorch.run import current
 
 # Where a DataLoader with several workers per system keeps its round-robin position in
 # the aggregated state dict, so that a restored run resumes with the worker that was next.
@@ -249,8 +250,7 @@ class DataLoader:
 
 
 def _backend_layout() -> Layout:
-    from cstorch.backend import current_backend_impl
-    backend = current_backend_impl(raise_exception=False)
+    backend = current.backend()
     config = backend.params.get("cluster_config") if backend is not None else None
     if config is None:
         return Layout()
@@ -258,6 +258,5 @@ def _backend_layout() -> Layout:
 
 
 def _backend_is_csx() -> bool:
-    from cstorch.backend import current_backend_impl
-    backend = current_backend_impl(raise_exception=False)
+    backend = current.backend()
     return backend is not None and backend.is_csx

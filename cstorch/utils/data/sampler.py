@@ -3,6 +3,7 @@ workers in an order that does not depend on how many there are."""
 from typing import Iterator, List, Optional, Sized, Union
 
 import torch
+from cstorch.utils.data.workers import active_worker
 
 __all__ = ["DistributedSampler", "pad_index"]
 
@@ -75,7 +76,6 @@ class DistributedSampler(torch.utils.data.Sampler):
 
     @staticmethod
     def _layout(shard: bool):
-        from cstorch.utils.data.workers import active_worker
         worker = active_worker() if shard else None
         if worker is None:
             return 1, 1, 0, 0

@@ -256,7 +256,7 @@ class Metrics:
 
 def _rss_probe() -> Optional[Callable[[], int]]:
     try:
-        import psutil
+        import psutil  # noqa: PLC0415 (optional dependency)
     except ImportError:
         psutil = None
     if psutil is not None:
@@ -275,7 +275,7 @@ def _rss_probe() -> Optional[Callable[[], int]]:
 
 def _peak_rss_probe() -> Optional[Callable[[], int]]:
     try:
-        import resource
+        import resource  # noqa: PLC0415 (POSIX only)
     except ImportError:
         return None
     # ru_maxrss is in bytes on macOS and in KiB on Linux and the BSDs.

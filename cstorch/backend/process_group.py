@@ -17,6 +17,7 @@ from typing import Optional
 
 import jax
 import torch.distributed as dist
+from jax._src import xla_bridge
 
 # dist_backend -> the JAX platform whose devices the run uses.
 PLATFORMS = {"nccl": "gpu", "gloo": "cpu"}
@@ -79,7 +80,6 @@ def initialize(dist_backend: str, init_method: Optional[str], main_process_id: i
     if world_size is not None and not 0 <= main_process_id < world_size:
         raise ValueError(f"main_process_id {main_process_id} is not a rank of this run "
                          f"(WORLD_SIZE={world_size}); use a rank from 0 to {world_size - 1}")
-    from jax._src import xla_bridge
     if xla_bridge.backends_are_initialized():
         raise RuntimeError(
             "JAX was already used in this process before the distributed backend was created; "

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
 from cstorch.tracing import python_values
-from tests.foundation.models import rel_err, sgd_pair
+from tests.models import rel_err, sgd_pair
 
 
 class UserLinear(nn.Linear):

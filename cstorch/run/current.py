@@ -1,0 +1,39 @@
+"""The current backend and data executor: one slot each, as the design allows one backend
+per process and one running executor (an inner loop hands the slot back to the outer one
+when it ends)."""
+from typing import Any, Optional
+
+from cstorch.errors import BackendError
+
+_backend: Optional[Any] = None
+_executor: Optional[Any] = None
+
+
+def backend() -> Optional[Any]:
+    """The current `cstorch.backend.Backend`, or None before one is made."""
+    return _backend
+
+
+def current_backend_impl(raise_exception: bool = True) -> Optional[Any]:
+    """The current backend. With none: a RuntimeError if `raise_exception` (the default),
+    else None (Model Zoo's `current_backend_impl(raise_exception=False)`)."""
+    if _backend is None and raise_exception:
+        raise BackendError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
+    return _backend
+
+
+def set_backend(instance) -> None:
+    global _backend
+    _backend = instance
+
+
+def executor() -> Optional[Any]:
+    """The running `DataExecutor`, or None outside a data loop."""
+    return _executor
+
+
+def set_executor(instance) -> Optional[Any]:
+    """Make `instance` the running executor; returns the one it replaces."""
+    global _executor
+    outer, _executor = _executor, instance
+    return outer
