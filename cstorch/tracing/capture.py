@@ -308,6 +308,11 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
 # did but costs no copying. Below the size, donation cost less in the measurements
 # (docs/benchmarks.md, on donation).
 KEEP_MIN_BYTES = 256 * 1024
+# Each kept array's new value takes a buffer while the old one is still held: beyond this
+# many bytes of them in one program, every array is donated, and XLA's copies (scratch
+# memory it reuses) cost less memory than the kept arrays' second buffers (a 153M-parameter
+# GPT: 0.93 GB less peak host memory, docs/benchmarks.md).
+KEEP_MAX_TOTAL_BYTES = 64 * 1024 * 1024
 
 
 def _kept_state(graph, cells, backend, taken) -> tuple:
@@ -316,9 +321,12 @@ def _kept_state(graph, cells, backend, taken) -> tuple:
     if backend.mesh.devices.flat[0].platform != "cpu":
         return ()
     late = bridge.read_after_update(graph, len(cells))
-    return tuple(k for k, i in enumerate(taken)
-                 if late[i] and math.prod(cells[i].array.shape)
-                 * np.dtype(cells[i].array.dtype).itemsize >= KEEP_MIN_BYTES)
+    sizes = {k: math.prod(cells[i].array.shape) * np.dtype(cells[i].array.dtype).itemsize
+             for k, i in enumerate(taken) if late[i]}
+    kept = {k: size for k, size in sizes.items() if size >= KEEP_MIN_BYTES}
+    if sum(kept.values()) > KEEP_MAX_TOTAL_BYTES:
+        return ()
+    return tuple(sorted(kept))
 
 
 def _used_cells(graph, n):
