@@ -6,11 +6,11 @@ import gc
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
 import cerebras.pytorch as cstorch
 from bridge.device_tensor import DeviceTensor
+from tests.models import classifier_step
 
 
 def _host_arrays_of(numel: int) -> list:
@@ -35,13 +35,7 @@ def test_no_host_copy_of_parameters_or_optimizer_state_after_the_first_step():
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=0.0)
 
-    @cstorch.trace
-    def step(x, y):
-        loss = F.cross_entropy(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = classifier_step(compiled, optimizer)
 
     float(step(torch.randn(4, width), torch.randint(0, 3, (4,))))
     numel = width * (width + 1)

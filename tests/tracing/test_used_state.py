@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
+from tests.models import classifier_step
 
 TOL = 1e-4
 
@@ -24,17 +25,7 @@ def test_a_step_takes_only_the_state_it_uses():
     opt_a = cstorch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
     opt_b = cstorch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)
 
-    def make_step(compiled, optimizer):
-        @cstorch.trace
-        def step(x, y):
-            loss = F.cross_entropy(compiled(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            return loss
-        return step
-
-    step_a, step_b = make_step(ca, opt_a), make_step(cb, opt_b)
+    step_a, step_b = classifier_step(ca, opt_a), classifier_step(cb, opt_b)
     ref_opt_a = torch.optim.SGD(ref_a.parameters(), lr=0.1, momentum=0.9)
     ref_opt_b = torch.optim.SGD(ref_b.parameters(), lr=0.1, momentum=0.9)
     gen = torch.Generator().manual_seed(2)
