@@ -40,9 +40,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from cstorch.run.current import current_backend_impl
 from cstorch.core.graph_meta import CS_INTERNAL, annotated
 from cstorch.lib import cerebras_pytorch_lib
+from cstorch.run.current import current_backend_impl
 
 __all__ = ["AnnotationMode", "ReverseHooksExecutor", "SkipBwdAnnotation", "annotate",
            "cerebras_pytorch_lib", "create_annotation", "current_annotations",

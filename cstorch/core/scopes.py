@@ -4,10 +4,10 @@ import contextvars
 import functools
 from typing import Optional
 
-from cstorch.core.graph_meta import MATMUL_POLICY, NAME_SCOPE, annotated
-from cstorch.run import current
 import wafer
 from bridge.precision import MatmulPolicy
+from cstorch.core.graph_meta import MATMUL_POLICY, NAME_SCOPE, annotated
+from cstorch.run import current
 
 __all__ = ["name_scope", "current_name_scope", "set_debug_scope", "pol", "current_pol"]
 

@@ -18,10 +18,10 @@ from typing import Callable, Dict, Optional
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from cstorch.core.name_scope import _ATTR as DEBUG_NAME
+from cstorch.run import current
 from cstorch.run.capture_context import capturing
 from cstorch.utils.nest import visit_torch_tensors
-from cstorch.run import current
-from cstorch.core.name_scope import _ATTR as DEBUG_NAME
 
 __all__ = ["register_traced_tensor_hook"]
 

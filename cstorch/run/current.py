@@ -7,6 +7,9 @@ from cstorch.errors import BackendError
 
 _backend: Optional[Any] = None
 _executor: Optional[Any] = None
+# The executor made last and not yet iterated: checkpoint closures called before its loop
+# wait for it.
+_upcoming: Optional[Any] = None
 
 
 def backend() -> Optional[Any]:
@@ -37,3 +40,13 @@ def set_executor(instance) -> Optional[Any]:
     global _executor
     outer, _executor = _executor, instance
     return outer
+
+
+def upcoming_executor() -> Optional[Any]:
+    """The `DataExecutor` made last and not yet iterated, or None."""
+    return _upcoming
+
+
+def set_upcoming_executor(instance) -> None:
+    global _upcoming
+    _upcoming = instance

@@ -5,10 +5,10 @@ from typing import List
 import torch
 import torch.utils._pytree as pytree
 
+from cstorch.backend import ltc_backend
 from cstorch.run.capture_context import capturing
 from cstorch.run.current import current_backend_impl
 from cstorch.utils.data.executor import defer_checkpoint_closure, defer_step_closure
-from cstorch.backend import ltc_backend
 
 __all__ = ["step_closure", "checkpoint_closure", "StepClosureContext", "RepeatStepClosure",
            "current_backend_impl"]

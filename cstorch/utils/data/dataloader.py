@@ -5,8 +5,8 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, runtime_checka
 import torch
 import torch.utils._pytree as pytree
 
-from cstorch.utils.data.workers import Layout, Worker, worker_state
 from cstorch.run import current
+from cstorch.utils.data.workers import Layout, Worker, worker_state
 
 # Where a DataLoader with several workers per system keeps its round-robin position in
 # the aggregated state dict, so that a restored run resumes with the worker that was next.

@@ -3,6 +3,7 @@ workers in an order that does not depend on how many there are."""
 from typing import Iterator, List, Optional, Sized, Union
 
 import torch
+
 from cstorch.utils.data.workers import active_worker
 
 __all__ = ["DistributedSampler", "pad_index"]
