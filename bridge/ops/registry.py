@@ -6,7 +6,7 @@ interpreter casts each result to the dtype PyTorch recorded for the node, so low
 need not reproduce PyTorch's type promotion to the letter.
 """
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 from torch._ops import OpOverload, OpOverloadPacket
 

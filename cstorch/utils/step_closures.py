@@ -1,6 +1,5 @@
 """`step_closure` and `checkpoint_closure`: Python that runs after a step, with its values."""
 import functools
-from typing import List
 
 import torch
 import torch.utils._pytree as pytree
@@ -18,7 +17,7 @@ class StepClosureContext:
     """Which step closures are running: `step_closure_stack` holds the names of the
     closures being run, innermost last (empty outside of any)."""
 
-    step_closure_stack: List[str] = []
+    step_closure_stack: list[str] = []
 
     @classmethod
     def wrap(cls, closure):

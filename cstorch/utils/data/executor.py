@@ -6,7 +6,6 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Optional, Union
 
 import jax
 import torch
@@ -85,9 +84,9 @@ class DataExecutor:
     the zero-based index of the current step, `user_iteration` the one-based step number.
     """
 
-    def __init__(self, dataloader: DataLoader, num_steps: Optional[int] = None,
-                 checkpoint_steps: Optional[Union[int, Schedule]] = None,
-                 activation_steps: Optional[int] = None, profiler_activities=None, *,
+    def __init__(self, dataloader: DataLoader, num_steps: int | None = None,
+                 checkpoint_steps: int | Schedule | None = None,
+                 activation_steps: int | None = None, profiler_activities=None, *,
                  cs_config=None, writer=None, micro_batch_size=None, prefetch: bool = False):
         if not isinstance(dataloader, DataLoader):
             raise TypeError("DataExecutor expects a cstorch.utils.data.DataLoader, got "
@@ -150,8 +149,8 @@ class DataExecutor:
         # before the loop, the checkpoint closures to run when it starts.
         self._closures: list = []
         current.set_upcoming_executor(self)
-        self._artifact_dir: Optional[Path] = None
-        self.last_output: Optional[torch.Tensor] = None
+        self._artifact_dir: Path | None = None
+        self.last_output: torch.Tensor | None = None
         self.prefetch = prefetch
         self._upload = None   # batch -> the batch on an accelerator, while prefetching
         self._reads_ahead = False
@@ -457,7 +456,7 @@ def current_executor() -> DataExecutor:
     return running
 
 
-def running_executor() -> Optional[DataExecutor]:
+def running_executor() -> DataExecutor | None:
     return current.executor()
 
 
