@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.fx as fx

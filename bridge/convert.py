@@ -45,7 +45,7 @@ def to_jax_dtype(dtype: torch.dtype):
         raise TypeError(f"torch dtype {dtype} has no JAX equivalent") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jax_dtype(dtype, x64):
     return jax.dtypes.canonicalize_dtype(_TORCH_TO_NUMPY[dtype])
 

@@ -2,6 +2,7 @@
 
 # Key in `node.meta["custom"]` of the graph nodes a backward pass recorded: the `seq_nr`
 # of the forward op they differentiate, whose stack trace the node then carries.
+
 GRADIENT_OF = "bridge_gradient_of"
 
 

@@ -5,7 +5,8 @@ then its graph goes through `bridge.lower` like a captured step. Parameters, buf
 lifted constants leave the program as one dict of JAX arrays keyed by their state-dict
 names, so a JAX user can jit, grad or shard the function over them.
 """
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import torch

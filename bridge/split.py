@@ -15,7 +15,7 @@ the next, its final value), "concat" (per-sample values, joined back into the ba
 "last". Running the parts and combining is the caller's business (`wafer.micro_batch`).
 """
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 import torch.fx as fx

@@ -6,15 +6,15 @@ import sys
 
 from cstorch import amp, backends, distributed, metrics, optim, utils
 from cstorch import cirh, core, experimental, lib, nn, profiler
-from cstorch import numpy, sparse
 from cstorch import mesh
+from cstorch import numpy, sparse
 from cstorch.backend import backend, current_backend, current_torch_device, use_cs
 from cstorch.compile import compile
-from cstorch.decompositions import register_decomposition
 from cstorch.core import (add_debug_name, current_pol, get_debug_name, make_constant, name_scope,
                           pol)
-from cstorch.storage import load, save
+from cstorch.decompositions import register_decomposition
 from cstorch.storage import full, full_like, ones, ones_like, zeros, zeros_like
+from cstorch.storage import load, save
 from cstorch.summaries import summarize_scalar, summarize_tensor
 from cstorch.tracing import JaxStep, TracedStep
 from cstorch.utils.data.executor import current_executor

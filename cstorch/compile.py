@@ -1,7 +1,6 @@
 """`cstorch.compile(model)`: hand a module's state to the backend."""
 import sys
 import time
-from typing import Optional, Union
 
 import torch
 from tqdm.auto import tqdm
@@ -42,7 +41,7 @@ class CompiledModule:
         return f"CompiledModule({self.module!r})"
 
 
-def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = None) -> CompiledModule:
+def compile(model: torch.nn.Module, backend: str | Backend | None = None) -> CompiledModule:
     """Prepare `model` for tracing: from here on the backend owns its parameters and
     buffers. Initialise parameters before calling this.
 

@@ -26,7 +26,6 @@ allocator does. A user who sets any of glibc's malloc variables (`MALLOC_ARENA_M
 import ctypes
 import os
 import sys
-from typing import Optional
 
 # mallopt parameters, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
@@ -39,8 +38,8 @@ _TRIM_THRESHOLD = 2**31 - 1
 _USER_SETTINGS = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
                   "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
-_applied: Optional[bool] = None
-_one_arena: Optional[bool] = None
+_applied: bool | None = None
+_one_arena: bool | None = None
 
 
 def _glibc():

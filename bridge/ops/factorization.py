@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import torch
+from jax._src.lax import linalg as lax_linalg
 
 from bridge.ops.registry import lowering
-from jax._src.lax import linalg as lax_linalg
 
 aten = torch.ops.aten
 

@@ -1,4 +1,5 @@
 """Gathers, scatters, advanced indexing and embeddings."""
+import functools
 import math
 
 import jax.numpy as jnp
@@ -6,7 +7,6 @@ import torch
 
 from bridge.errors import DataDependentShapeError
 from bridge.ops.registry import canonical_dim, lowering, scalar_as_vector
-import functools
 
 aten = torch.ops.aten
 

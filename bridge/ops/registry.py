@@ -5,10 +5,10 @@ replaced by JAX arrays, and returns JAX arrays (a tuple for multi-output ops). T
 interpreter casts each result to the dtype PyTorch recorded for the node, so lowerings
 need not reproduce PyTorch's type promotion to the letter.
 """
-from typing import Callable
+import functools
+from collections.abc import Callable
 
 from torch._ops import OpOverload, OpOverloadPacket
-import functools
 
 LOWERINGS: dict[OpOverload, Callable] = {}
 

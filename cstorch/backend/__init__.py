@@ -10,7 +10,6 @@ import json
 import os
 import sys
 import warnings
-from typing import Optional, Union
 
 import jax
 import torch
@@ -110,7 +109,7 @@ class Backend(metaclass=BackendMeta):
     process `main_process_id` writes checkpoints, summaries and artifacts.
     """
 
-    def __init__(self, backend_type: Union[str, BackendType], *args, **kwargs):
+    def __init__(self, backend_type: str | BackendType, *args, **kwargs):
         params = {**_positional(backend_type, args, kwargs), **kwargs} if args else kwargs
         # A `BackendType` (also a str: `backend_type == "CSX"` holds); its `.name` is what
         # Model Zoo reads.
@@ -278,7 +277,7 @@ class Backend(metaclass=BackendMeta):
         return self.process_group is None or self.process_group.is_main
 
     @property
-    def artifacts_dir(self) -> Optional[str]:
+    def artifacts_dir(self) -> str | None:
         """Where this process writes artifacts: `artifact_dir`, or None on a process of a
         multi-process run that is not the main one."""
         return self.artifact_dir if self.is_main_process else None
@@ -329,7 +328,7 @@ class Backend(metaclass=BackendMeta):
         return f"Backend({self.backend_type}, devices={len(self.devices)}, mesh={dict(self.mesh.shape)})"
 
 
-def backend(backend_type: Optional[str] = None, *args, **kwargs) -> Backend:
+def backend(backend_type: str | None = None, *args, **kwargs) -> Backend:
     """Instantiate a backend of `backend_type` ("CSX", "CPU" or "GPU") and make it current.
 
     Without a type, return the current backend (an error if there is none). A process has
@@ -363,7 +362,7 @@ def _positional(backend_type, args, kwargs) -> dict:
     return named
 
 
-def current_backend(raise_exception: bool = True, raise_warning: bool = True) -> Optional[Backend]:
+def current_backend(raise_exception: bool = True, raise_warning: bool = True) -> Backend | None:
     """DEPRECATED: use `cstorch.backend()`. The current backend, or None if there is none
     and `raise_exception` is False."""
     if raise_warning:

@@ -13,7 +13,6 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional
 
 import jax
 import torch.distributed as dist
@@ -37,15 +36,15 @@ class ProcessGroup:
         return self.rank == self.main_process_id
 
 
-_group: Optional[ProcessGroup] = None
+_group: ProcessGroup | None = None
 
 
-def current() -> Optional[ProcessGroup]:
+def current() -> ProcessGroup | None:
     """The process group of this process's run, or None outside a multi-process run."""
     return _group
 
 
-def _env_int(name: str) -> Optional[int]:
+def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
     if value is None:
         return None
@@ -55,7 +54,7 @@ def _env_int(name: str) -> Optional[int]:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
-def initialize(dist_backend: str, init_method: Optional[str], main_process_id: int,
+def initialize(dist_backend: str, init_method: str | None, main_process_id: int,
                timeout_s: float = 300.0) -> ProcessGroup:
     """Join this process to the run's other processes (once per process)."""
     global _group

@@ -1,7 +1,7 @@
 """`BackendType`, the three kinds of backend, and `get_backend_args`, the parameters each
 takes."""
 from enum import Enum
-from typing import Any, Dict, Union
+from typing import Any, Union
 
 
 # The parameters of each backend type besides the type, in the order `cstorch.backend`
@@ -63,7 +63,7 @@ class BackendType(str, Enum):
         return self is BackendType.GPU
 
 
-def get_backend_args(backend_type: Union[str, BackendType]) -> Dict[str, Any]:
+def get_backend_args(backend_type: str | BackendType) -> dict[str, Any]:
     """The parameters a backend of `backend_type` takes besides its type, in the order
     `cstorch.backend` takes them positionally, each with its default:
     `get_backend_args("CPU") == {"artifact_dir": None, "max_checkpoints": None,

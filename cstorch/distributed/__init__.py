@@ -16,6 +16,7 @@ emulated layout.
 """
 import enum
 
+from cstorch.backend import process_group
 from cstorch.distributed import cluster_resolver, worker_state
 from cstorch.distributed.cluster_config import ClusterConfig
 from cstorch.distributed.cluster_resolver import (BaseServiceResolver, ServiceResolver,
@@ -23,7 +24,6 @@ from cstorch.distributed.cluster_resolver import (BaseServiceResolver, ServiceRe
 from cstorch.distributed.worker_cache import WORKER_CACHE_ROOT, hit_worker_cache_limit, tree_size
 from cstorch.distributed.worker_state import WorkerState
 from cstorch.utils.data.workers import DataLoaderCheckpoint, active_worker
-from cstorch.backend import process_group
 
 
 class TaskRole(enum.Enum):

@@ -13,15 +13,15 @@ values it wants to read go through step closures or summaries (`summarize_scalar
 """
 import threading
 from collections import OrderedDict
-from typing import Callable, Dict, Optional
+from collections.abc import Callable
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from cstorch.core.name_scope import _ATTR as DEBUG_NAME
+from cstorch.run import current
 from cstorch.run.capture_context import capturing
 from cstorch.utils.nest import visit_torch_tensors
-from cstorch.run import current
-from cstorch.core.name_scope import _ATTR as DEBUG_NAME
 
 __all__ = ["register_traced_tensor_hook"]
 
@@ -29,8 +29,8 @@ TracedTensorHook = Callable[[torch.Tensor, str], None]
 
 _hooks: "OrderedDict[int, TracedTensorHook]" = OrderedDict()
 _lock = threading.Lock()
-_module_hook: Optional[RemovableHandle] = None
-_paths: Dict[int, tuple] = {}    # id(capture context) -> (module id -> path)
+_module_hook: RemovableHandle | None = None
+_paths: dict[int, tuple] = {}    # id(capture context) -> (module id -> path)
 
 
 def register_traced_tensor_hook(hook: TracedTensorHook) -> RemovableHandle:

@@ -12,8 +12,8 @@ import torch.utils._pytree as pytree
 
 from bridge import LOWERINGS, jax_to_tensor, to_jax_dtype, to_torch_dtype
 from bridge.convert import tensor_to_numpy
-from cstorch.lazy_init.recipe import Ref, native
 from cstorch.lazy_init.random_draws import draw
+from cstorch.lazy_init.recipe import Ref, native
 
 aten = torch.ops.aten
 

@@ -5,15 +5,15 @@ import warnings
 import jax
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import wafer
 from bridge import LOWERINGS, jax_to_tensor, to_jax_dtype
 from bridge.device_tensor import HostReads
-from cstorch.storage.lazy import LazyTensor
-from cstorch.lazy_init.recipe import Node, Ref, Storage, const_recipe, native
 from cstorch.lazy_init.building import build
-from torch._subclasses.fake_tensor import FakeTensor
+from cstorch.lazy_init.recipe import Node, Ref, Storage, const_recipe, native
+from cstorch.storage.lazy import LazyTensor
 
 aten = torch.ops.aten
 _local = threading.local()

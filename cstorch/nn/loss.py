@@ -32,7 +32,7 @@ def _arguments(owner: str, spec, args, kwargs) -> dict:
     return dict(bound.arguments)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _signature(spec) -> inspect.Signature:
     return inspect.signature(spec)
 

@@ -14,8 +14,8 @@ import torch
 from torch.optim.optimizer import ParamsT  # noqa: F401  (the params type, re-exported)
 from torch.utils.hooks import RemovableHandle
 
-from cstorch.backend import current_or_cpu_backend
 from bridge.device_tensor import DeviceTensor
+from cstorch.backend import current_or_cpu_backend
 
 
 class Optimizer(torch.optim.Optimizer, ABC):

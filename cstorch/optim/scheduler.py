@@ -18,13 +18,12 @@ import math
 import numbers
 import warnings
 from abc import ABC, abstractmethod
-from typing import List, Optional, Union
 
 import torch
 
 from cstorch.optim.optimizer import Optimizer
 
-TagsT = Union[str, List[Optional[str]], None]
+TagsT = str | list[str | None] | None
 
 
 class Scheduler(ABC):
@@ -43,7 +42,7 @@ class Scheduler(ABC):
     #: The hyperparameters, by their generic names, in `state_dict()` order.
     _hyper = ()
 
-    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: Optional[int],
+    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: int | None,
                  last_epoch: int = -1, param_group_tags: TagsT = None):
         name = type(self).__name__
         if not isinstance(optimizer, Optimizer):
@@ -256,7 +255,7 @@ class ConstantScheduler(Scheduler):
     _hyper = ("val",)
 
     def __init__(self, optimizer: torch.optim.Optimizer, val: float,
-                 total_iters: Optional[int] = None, param_group_tags: TagsT = None):
+                 total_iters: int | None = None, param_group_tags: TagsT = None):
         self.val = val
         super().__init__(optimizer, total_iters, param_group_tags=param_group_tags)
 
@@ -420,7 +419,7 @@ class MultiStepScheduler(Scheduler):
     _hyper = ("initial_val", "gamma", "milestones")
 
     def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, gamma: float,
-                 milestones: List[int], param_group_tags: TagsT = None):
+                 milestones: list[int], param_group_tags: TagsT = None):
         self.initial_val, self.gamma, self.milestones = initial_val, gamma, sorted(milestones)
         super().__init__(optimizer, None, param_group_tags=param_group_tags)
 
@@ -640,7 +639,7 @@ class ChainedScheduler(Scheduler):
     composes them). The schedulers must drive the same optimizer and key. Only this
     schedule needs stepping: the others supply their formulas."""
 
-    def __init__(self, schedulers: List[Scheduler], param_group_tags: TagsT = None):
+    def __init__(self, schedulers: list[Scheduler], param_group_tags: TagsT = None):
         name = type(self).__name__
         self._schedulers, optimizer = _same_optimizer_and_key(
             name, schedulers, self.param_group_key)
@@ -709,8 +708,8 @@ class SequentialScheduler(Scheduler):
     0, and so on (there is one milestone fewer than schedulers). Only this schedule needs
     stepping: the others supply their formulas."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, schedulers: List[Scheduler],
-                 milestones: List[int], last_epoch: int = -1, param_group_tags: TagsT = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, schedulers: list[Scheduler],
+                 milestones: list[int], last_epoch: int = -1, param_group_tags: TagsT = None):
         name = type(self).__name__
         self._milestones = _check_milestones(name, schedulers, milestones)
         self._schedulers, optimizer = _same_optimizer_and_key(
@@ -773,8 +772,8 @@ class PiecewiseConstantScheduler(SequentialScheduler):
     one more value than milestones. A `SequentialScheduler` of ``constant_cls`` schedules,
     one per value."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, constant_cls: type, vals: List[float],
-                 milestones: List[int], param_group_tags: TagsT = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, constant_cls: type, vals: list[float],
+                 milestones: list[int], param_group_tags: TagsT = None):
         name = type(self).__name__
         vals, milestones = list(vals), list(milestones)
         if len(vals) != len(milestones) + 1:

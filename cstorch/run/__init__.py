@@ -5,3 +5,4 @@ the backend, optimizers, metrics and data utilities can all ask whether a step i
 captured, or which backend and executor are current, without importing the parts of
 `cstorch` that capture and run steps (which import them).
 """
+

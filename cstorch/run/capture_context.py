@@ -2,7 +2,8 @@
 the step asked for while it ran (step closures to call with its results)."""
 import contextvars
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.utils._pytree as pytree

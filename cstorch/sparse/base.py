@@ -118,7 +118,7 @@ class SparsityAlgorithm(ABC):  # noqa: B024 (abstract by the reference, not by m
         self.init_method = make_init_method(init_method)
         #: Which parameters `sparsify_module` takes (a `Group` entry sets it; None: all).
         self.param_filter = None
-        self.sparse_params: "OrderedDict[str, SparseParameter]" = OrderedDict()
+        self.sparse_params: OrderedDict[str, SparseParameter] = OrderedDict()
         self.optimizers = []
         #: Update the masks after every `optimizer.step()`; when False, call `update()`.
         self.autoupdate = True

@@ -13,14 +13,15 @@ import argparse
 import os
 import secrets
 import sys
+import warnings
 
+import h5py
 import torch
 import torch.utils._pytree as pytree
-import h5py
-from cstorch.storage.orbax import is_orbax_checkpoint
+
 import cstorch.storage as storage
+from cstorch.storage.orbax import is_orbax_checkpoint
 from cstorch.storage.pytree import ensure_namedtuples_registered, leaf_keys
-import warnings
 
 FORMATS = ("hdf5", "orbax", "torch")
 

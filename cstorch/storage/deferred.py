@@ -9,9 +9,9 @@ import threading
 import torch
 import torch.utils._pytree as pytree
 
+from cstorch.run import current
 from cstorch.storage.reader import load
 from cstorch.storage.writer import write_checkpoint
-from cstorch.run import current
 
 _lock = threading.Lock()
 _directory = None

@@ -1,6 +1,7 @@
 """How torch dtypes are stored in the HDF5 file, and the conversions both ways."""
 import numpy as np
 import torch
+
 from bridge.device_tensor import DeviceTensor
 
 # rtfx_dtypes ids written by the reference package, next to the dtype names.

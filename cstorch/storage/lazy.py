@@ -11,6 +11,7 @@ import threading
 
 import torch
 import torch.utils._pytree as pytree
+
 from cstorch.storage.dtypes import read_dataset
 
 _META_PROPS = ("shape", "dtype", "device", "ndim", "layout", "requires_grad", "is_leaf",

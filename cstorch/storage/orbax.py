@@ -20,18 +20,18 @@ import json
 import os
 import warnings
 
+import jax
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from bridge import numpy_to_tensor
+from bridge import tensor_to_numpy
+from bridge import to_jax_dtype
+from cstorch.run import current
+from cstorch.storage.dtypes import dtype_from_name
 from cstorch.storage.pytree import _child_names, children, ensure_namedtuples_registered
 from cstorch.storage.serializers import as_tensor
-from cstorch.run import current
-from bridge import tensor_to_numpy
-from bridge import numpy_to_tensor
-from cstorch.storage.dtypes import dtype_from_name
-from bridge import to_jax_dtype
-import jax
 
 FORMAT = "cstorch.orbax"
 VERSION = 1

@@ -8,12 +8,12 @@ import h5py
 import torch
 import torch.utils._pytree as pytree
 
+from cstorch.storage import orbax as _orbax
 from cstorch.storage import pickling
 from cstorch.storage.lazy import FileSource
 from cstorch.storage.pytree import children, leaf_keys
 from cstorch.storage.serializers import Link, read_leaf
 from cstorch.storage.utils import renamed_keywords
-from cstorch.storage import orbax as _orbax
 
 try:  # registers the LZ4 filter with HDF5, needed for compressed checkpoints
     import hdf5plugin  # noqa: F401

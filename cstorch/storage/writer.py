@@ -8,16 +8,16 @@ import h5py
 import torch.utils._pytree as pytree
 from tqdm.auto import tqdm
 
+from cstorch.backends import csx
 from cstorch.run import current
 from cstorch.storage import retention
-from cstorch.storage.pytree import ensure_namedtuples_registered, leaf_keys, stars, dumps_json
 from cstorch.storage.creation import DeferredFullTensor
-from cstorch.storage.utils import renamed_keywords
-from cstorch.version import __version__
+from cstorch.storage.pytree import ensure_namedtuples_registered, leaf_keys, stars, dumps_json
 from cstorch.storage.serializers import (as_tensor, deferred_full_inner, external_source,
                                          leaf_metadata, link_inner, prepare_tensor, simple_inner,
                                          write_external_tensor, write_object, write_tensor)
-from cstorch.backends import csx
+from cstorch.storage.utils import renamed_keywords
+from cstorch.version import __version__
 
 FORMAT_VERSION = 0.5
 _PROGRESS_MIN_BYTES = 256 << 20

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
+
 from cstorch.compile import CompiledModule
 from cstorch.optim.optimizer import Optimizer
 from cstorch.state import TrackedTable

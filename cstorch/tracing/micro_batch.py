@@ -17,7 +17,8 @@ import statistics
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import numpy as np

@@ -2,7 +2,8 @@
 and to hand its results back."""
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 

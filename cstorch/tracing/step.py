@@ -2,7 +2,7 @@
 `ProgramCache` (capturing it the first time), gathers the call's `StepData` and runs it
 (`call`); `to_jax` gives the step as plain JAX (`jax_view`)."""
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 from cstorch.backend import current_or_cpu_backend
 from cstorch.run.capture_context import is_capturing

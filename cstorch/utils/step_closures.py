@@ -1,14 +1,13 @@
 """`step_closure` and `checkpoint_closure`: Python that runs after a step, with its values."""
 import functools
-from typing import List
 
 import torch
 import torch.utils._pytree as pytree
 
+from cstorch.backend import ltc_backend
 from cstorch.run.capture_context import capturing
 from cstorch.run.current import current_backend_impl
 from cstorch.utils.data.executor import defer_checkpoint_closure, defer_step_closure
-from cstorch.backend import ltc_backend
 
 __all__ = ["step_closure", "checkpoint_closure", "StepClosureContext", "RepeatStepClosure",
            "current_backend_impl"]
@@ -18,7 +17,7 @@ class StepClosureContext:
     """Which step closures are running: `step_closure_stack` holds the names of the
     closures being run, innermost last (empty outside of any)."""
 
-    step_closure_stack: List[str] = []
+    step_closure_stack: list[str] = []
 
     @classmethod
     def wrap(cls, closure):

@@ -2,32 +2,29 @@
 import logging
 import math
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Optional, Union
 
+import jax
 import torch
 import torch.utils._pytree as pytree
 from tqdm.auto import tqdm
 
+import wafer
+from bridge.convert import tensor_to_input
+from bridge.device_tensor import DeviceTensor
+from cstorch.backend import current_or_cpu_backend
+from cstorch.backends import csx
 from cstorch.run import current
 from cstorch.run.capture_context import is_capturing
 from cstorch.utils.data.dataloader import DataLoader
 from cstorch.utils.data.utils import Schedule, infer_batch_size
 from cstorch.utils.data.workers import Layout
 from cstorch.utils.profiler import Profiler
-from cstorch.backends import csx
-from cstorch.backend import current_or_cpu_backend
-import tempfile
-import jax
-import wafer
-from bridge.convert import tensor_to_input
-from bridge.device_tensor import DeviceTensor
 
-# The executor made last and not yet iterated: checkpoint closures called before its loop
-# wait for it.
-_upcoming: Optional["DataExecutor"] = None
+
 log = logging.getLogger("cstorch")
 
 
@@ -87,9 +84,9 @@ class DataExecutor:
     the zero-based index of the current step, `user_iteration` the one-based step number.
     """
 
-    def __init__(self, dataloader: DataLoader, num_steps: Optional[int] = None,
-                 checkpoint_steps: Optional[Union[int, Schedule]] = None,
-                 activation_steps: Optional[int] = None, profiler_activities=None, *,
+    def __init__(self, dataloader: DataLoader, num_steps: int | None = None,
+                 checkpoint_steps: int | Schedule | None = None,
+                 activation_steps: int | None = None, profiler_activities=None, *,
                  cs_config=None, writer=None, micro_batch_size=None, prefetch: bool = False):
         if not isinstance(dataloader, DataLoader):
             raise TypeError("DataExecutor expects a cstorch.utils.data.DataLoader, got "
@@ -151,10 +148,9 @@ class DataExecutor:
         # (closure, args, kwargs) called during the current step, run once its body is done;
         # before the loop, the checkpoint closures to run when it starts.
         self._closures: list = []
-        global _upcoming
-        _upcoming = self
-        self._artifact_dir: Optional[Path] = None
-        self.last_output: Optional[torch.Tensor] = None
+        current.set_upcoming_executor(self)
+        self._artifact_dir: Path | None = None
+        self.last_output: torch.Tensor | None = None
         self.prefetch = prefetch
         self._upload = None   # batch -> the batch on an accelerator, while prefetching
         self._reads_ahead = False
@@ -270,9 +266,8 @@ class DataExecutor:
         return self.num_steps
 
     def __iter__(self):
-        global _upcoming
-        if _upcoming is self:
-            _upcoming = None
+        if current.upcoming_executor() is self:
+            current.set_upcoming_executor(None)
         # An executor run inside another's loop (an eval run between training steps)
         # hands `current_executor()` back to the outer one when it ends.
         outer = current.set_executor(self)
@@ -461,7 +456,7 @@ def current_executor() -> DataExecutor:
     return running
 
 
-def running_executor() -> Optional[DataExecutor]:
+def running_executor() -> DataExecutor | None:
     return current.executor()
 
 
@@ -506,8 +501,8 @@ def defer_checkpoint_closure(fn, args=(), kwargs=None) -> None:
     if running is not None:
         if running._checkpoint_step():
             running.queue_closure(fn, args, kwargs)
-    elif _upcoming is not None:
-        _upcoming.queue_closure(fn, args, kwargs)
+    elif current.upcoming_executor() is not None:
+        current.upcoming_executor().queue_closure(fn, args, kwargs)
     else:
         raise RuntimeError("Cannot fetch a checkpoint outside of an execution context. Please "
                            "make all calls to any checkpoint closures inside the training loop.")
