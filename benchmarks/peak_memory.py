@@ -72,12 +72,12 @@ sizes = json.loads(sys.argv[2])
 model = TinyGPT(**sizes)
 params = sum(p.numel() for p in model.parameters())
 gen = torch.Generator().manual_seed(1)
-batches = [(torch.randint(0, sizes["vocab"], (%d, sizes["block"] + 1), generator=gen),)
-           for _ in range(%d)]
+batches = [(torch.randint(0, sizes["vocab"], (BATCH, sizes["block"] + 1), generator=gen),)
+           for _ in range(STEPS)]
 times, losses = train(model, next_token_loss, batches)
 print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "params": params, "losses": losses, "step_s": times}))
-""" % (BATCH, STEPS)
+""".replace("BATCH", str(BATCH)).replace("STEPS", str(STEPS))
 
 BERT_SCRIPT = _COMMON + r"""
 from transformers import BertConfig, BertForSequenceClassification

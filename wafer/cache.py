@@ -70,7 +70,8 @@ def cache_hits() -> int:
 @contextlib.contextmanager
 def cache_off():
     """Compile without the persistent cache inside the block."""
-    from jax._src import compilation_cache   # JAX decides once whether to use its cache
+    # JAX decides once whether to use its cache; reset_cache makes it decide again.
+    from jax._src import compilation_cache  # noqa: PLC0415 (private; may move between jax releases)
     was = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
     compilation_cache.reset_cache()

@@ -68,7 +68,7 @@ def versions() -> tuple:
             np.__version__, project_digest())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def project_digest() -> str:
     """A hash of this project's source: every file of its packages."""
     h = hashlib.sha256()
@@ -84,7 +84,7 @@ def project_digest() -> str:
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _versioned_roots() -> tuple:
     """Folders whose code the versions cover: the standard library, torch, jax, jaxlib,
     NumPy, and this project."""
