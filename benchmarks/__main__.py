@@ -305,7 +305,7 @@ def main(argv=None):
             continue
         if name == "first-step":
             steps, repeats = SIZES[name][mode]
-        elif name != "executor":
+        elif name in workloads.TRAINING:
             steps, repeats = workloads.load(name).SIZES[mode]
             steps, repeats = args.steps or steps, args.repeats or repeats
         start, cpu = time.perf_counter(), psutil.cpu_times()
