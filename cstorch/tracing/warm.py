@@ -238,8 +238,54 @@ def key(step_fn, backend, program_key, python_values) -> str:
         [e.tensor.has_grad() for e in state.entries if e.tensor.requires_grad],
         stable([p for i, p in enumerate(program_key) if i != 1]),
         watched(python_values),
+        bound_objects(step_fn, backend),
     )
     return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def bound_objects(step_fn, backend) -> list:
+    """Which of the run's modules and optimizers the step reaches through its closure
+    variables, the globals its code names (and those of the functions it names, a few
+    levels deep) and the attributes of the object it is bound to, by their names in the
+    run: two steps of the same code over different models are different programs.
+    Unstorable where such a variable holds a module or optimizer the run does not know."""
+    state = backend.state
+    names = {id(m): n for n, m in state.named_modules()}
+    names.update({id(o): o._prefix for o in backend.optimizers})
+    out, seen = [], set()
+
+    def note(label, value):
+        if id(value) in names:
+            out.append((label, names[id(value)]))
+        elif isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+            raise Unstorable(f"{label} holds a module or optimizer that is not state of the run")
+
+    def visit(fn, depth):
+        fn = getattr(fn, "__func__", fn)
+        if not isinstance(fn, types.FunctionType) or fn.__code__ in seen or depth > 3:
+            return
+        seen.add(fn.__code__)
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:   # a cell not filled yet
+                continue
+            note(f"{fn.__qualname__}.{var}", value)
+            visit(value, depth + 1)
+        codes, globs = [fn.__code__], fn.__globals__
+        while codes:
+            code = codes.pop()
+            codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+            for name in code.co_names:
+                if name in globs:
+                    note(f"{fn.__module__}.{name}", globs[name])
+                    visit(globs[name], depth + 1)
+    owner = getattr(step_fn, "__self__", None)
+    if owner is not None:
+        for attr, value in sorted(vars(owner).items()) if hasattr(owner, "__dict__") else ():
+            note(f"self.{attr}", value)
+    visit(step_fn, 0)
+    return out
 
 
 # What a program cannot be stored with ------------------------------------------------------

@@ -181,3 +181,37 @@ def test_a_step_with_closures_is_not_stored(tmp_path):
     assert _entries(tmp_path) == []
     again, _ = _run(tmp_path, CLOSURE="1")
     assert (again["captures"], again["warm"]) == (1, 0)
+
+
+def test_the_same_step_code_over_another_model_is_not_taken_for_it(tmp_path):
+    """Two steps made by one function, each over its own model: the same code, arguments
+    and state layout, but not the same program. The second is captured, not taken from the
+    first's entry, and trains its own model as eager PyTorch does."""
+    import copy
+
+    import cerebras.pytorch as cstorch
+    from tests.models import classifier_step
+
+    backend = cstorch.backend("CSX", compile_dir=str(tmp_path / "compile_dir"))
+    level = cstorch.backends.csx.precision.optimization_level
+    cstorch.backends.csx.precision.optimization_level = 0
+    try:
+        nets = []
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            nets.append(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                            torch.nn.Linear(16, 3)))
+        refs = [copy.deepcopy(n) for n in nets]
+        steps = [classifier_step(cstorch.compile(n, backend),
+                                 cstorch.optim.SGD(n.parameters(), lr=0.1)) for n in nets]
+        gen = torch.Generator().manual_seed(2)
+        x, y = torch.randn(4, 8, generator=gen), torch.randint(0, 3, (4,), generator=gen)
+        losses = []
+        for step in steps:
+            losses.append(float(step(x, y)))
+            for n in nets:   # which parameters hold a gradient is alike for both calls
+                n.zero_grad(set_to_none=True)
+    finally:
+        cstorch.backends.csx.precision.optimization_level = level
+    assert [s.captures for s in steps] == [1, 1] and [s.warm_starts for s in steps] == [0, 0]
+    _close(losses, [torch.nn.functional.cross_entropy(r(x), y).item() for r in refs])
