@@ -2,6 +2,7 @@
 
 This module is a face: it re-exports the public names, which live in the modules below.
 """
+from cstorch import torch_compat
 from cstorch import amp, backends, distributed, metrics, optim, utils
 from cstorch import cirh, core, experimental, lib, nn, profiler
 from cstorch import numpy, sparse
@@ -20,6 +21,8 @@ from cstorch.utils.numpy import from_numpy, to_numpy
 from cstorch.utils.step_closures import checkpoint_closure, step_closure
 
 __version__ = "0.1.0"
+
+torch_compat.restore_treespec_replace()
 
 # True only while documentation is generated (never here); Model Zoo checks it to swap in
 # stand-ins for classes that need a live cluster.

@@ -37,7 +37,7 @@ from cstorch.backends import csx
 from cstorch.distributed.batch_norm import PerProcessBatchNorm
 from cstorch.metrics.metric import Metric
 from cstorch.optim.optimizer import Optimizer
-from cstorch.tracing import hooks, index_check, micro_batch, python_values
+from cstorch.tracing import hooks, implicit_loop_program, index_check, micro_batch, python_values
 from cstorch.tracing.cumulative_batch_norm import cumulative_batch_norm
 from cstorch.tracing.arguments import Call, Results
 
@@ -482,6 +482,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
                 stack.enter_context(cumulative_batch_norm())
             token = capturing.set(ctx)
             stack.callback(capturing.reset, token)
+            loop = stack.enter_context(implicit_loop_program.recording())
             result = step_fn(*args, **kwargs)
             new_state = [None] * n
             for e in state.entries:
@@ -494,7 +495,8 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
         outs = outs + list(ctx.closure_tensors)
         info.update(results=results, grad_out=grad_out, dtypes=[t.dtype for t in outs],
                     shapes=[tuple(t.shape) for t in outs], held_results=held)
-        return new_state + [leaves[i].grad for i in grad_out] + outs
+        info["loop"], loop_outs = loop.finish(inputs, outs, grad_out, micro)
+        return new_state + [leaves[i].grad for i in grad_out] + outs + loop_outs
 
     shapes = ([_Spec(tuple(c.array.shape), c.dtype) for c in cells]
               + [_Spec(tuple(cells[i].array.shape), cells[i].dtype) for i in grad_in]
@@ -534,6 +536,9 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
         info["shapes"] = micro.output_shapes(info["shapes"], n + len(info["grad_out"]))
     grad_out = info["grad_out"]
     n_hyper = len(hyper)
+    if info["loop"] is not None:
+        lowered = implicit_loop_program.around(lowered, info["loop"], n,
+                                               n + len(grad_in) + 2 * len(hyper))
 
     layout = _grad_layout([cells[i] for i in grad_out]) if len(backend.devices) == 1 else None
     policy = backend.matmul_policy
