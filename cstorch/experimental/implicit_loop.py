@@ -103,9 +103,9 @@ def update_implicit_loop(input_tensor: torch.Tensor, index_tensor: torch.Tensor,
     value, as `start_implicit_loop` reads it). A sequence that is full is returned
     unchanged.
 
-    `stop_sequences_tensor` (batch, number, length), or (number, length) shared by every
-    sequence, each stop sequence padded with `start_token`; rows of padding are none) and
-    `max_tokens` end the loop: in a traced step, the step generates until each sequence ends
+    `stop_sequences_tensor` (shape (batch, number, length), or (number, length) shared by
+    every sequence, each stop sequence padded with `start_token`; rows of padding are none)
+    and `max_tokens` end the loop: in a traced step, the step generates until each sequence ends
     with one of its stop sequences, has `max_tokens` new tokens, or is full. Eager, a call
     generates one token and they cannot apply (a warning says so once).
     """

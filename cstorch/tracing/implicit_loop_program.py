@@ -69,11 +69,10 @@ class Recorder:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise ValueError(f"update_implicit_loop: max_tokens must be a positive int or None, "
                              f"got {max_tokens!r}")
-        if stops is not None:
-            if input_tensor.dim() != 2:
-                pass   # reported by finish, which checks the sequences' shape first
-            elif stops.dim() not in (2, 3) or (stops.dim() == 3
-                                              and stops.shape[0] != input_tensor.shape[0]):
+        # Sequences of another rank are refused by `finish`, which checks them first.
+        if stops is not None and input_tensor.dim() == 2:
+            if stops.dim() not in (2, 3) or (stops.dim() == 3
+                                             and stops.shape[0] != input_tensor.shape[0]):
                 raise ValueError(
                     f"update_implicit_loop: stop_sequences_tensor of shape "
                     f"{tuple(stops.shape)} does not fit sequences of shape "
