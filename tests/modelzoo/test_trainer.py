@@ -252,7 +252,7 @@ def test_trainer_resumes_from_its_checkpoint(first_fit, tmp_path, monkeypatch):
 
 def test_what_the_trainer_reads_from_cstorch():
     """The cstorch surface the Trainer uses beyond a plain training loop, checked directly:
-    its checkpoint `Schedule.Range` arithmetic, `@cstorch.trace` on a method, the compiled
+    its checkpoint `Schedule.Range` arithmetic, DataLoader ids, `@cstorch.trace` on a method, the compiled
     model's `device`, `backend.is_tracing` and `backend._impl`, and the optimizer
     annotations its config classes are built from."""
     Range = cstorch.utils.data.Schedule.Range
@@ -263,6 +263,11 @@ def test_what_the_trainer_reads_from_cstorch():
     assert [r.next_immediate_step(i) for i in (0, 1, 2, 4, 5, 8)] == [1, 1, 4, 4, 7, 8]
     with pytest.raises(TypeError, match="missing 3 required positional arguments"):
         Range(start=0)
+
+    # Each DataLoader has its own `id`, which the trainer keys validation dataloaders by.
+    loaders = [cstorch.utils.data.DataLoader(lambda: []) for _ in range(2)]
+    assert isinstance(loaders[0].id, int) and loaders[0].id != loaders[1].id
+    assert loaders[0].id == loaders[0].id
 
     backend = cstorch.backend("CPU")
     assert backend._impl is backend

@@ -1,4 +1,5 @@
 """`cstorch.utils.data.DataLoader`, and the protocol that makes a dataloader restartable."""
+import itertools
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Protocol, runtime_checkable
 
@@ -58,6 +59,9 @@ def _concat(batches: list):
     return pytree.tree_unflatten(out, spec)
 
 
+_ids = itertools.count()
+
+
 class DataLoader:
     """A dataloader that each streaming worker builds for itself.
 
@@ -80,6 +84,9 @@ class DataLoader:
         self.input_fn = input_fn
         self.input_args = args
         self.input_kwargs = kwargs
+        # Tells dataloaders of a process apart (Model Zoo's trainer keys each validation
+        # dataloader's schedule and metrics by it).
+        self.id = next(_ids)
         self._workers: Optional[List[Worker]] = None
         self._layout: Optional[Layout] = None
         self._pending_state = None
