@@ -1,4 +1,5 @@
 """`cstorch.utils.data.DataLoader`, and the protocol that makes a dataloader restartable."""
+import inspect
 import itertools
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Protocol, runtime_checkable
@@ -60,6 +61,18 @@ def _concat(batches: list):
 
 
 _ids = itertools.count()
+
+
+def _with_strict(method, state, strict):
+    """`method(state, strict=strict)`, or `method(state)` where the dataloader's method
+    takes no `strict` (Model Zoo's HDF5 iterable data processors define theirs so)."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):   # a builtin without a signature: the protocol's call
+        return method(state, strict=strict)
+    if "strict" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return method(state, strict=strict)
+    return method(state)
 
 
 class DataLoader:
@@ -232,8 +245,8 @@ class DataLoader:
             position = aggregated.pop(ROUND_ROBIN_KEY, None)
             for w in workers:
                 with w.active():
-                    w.loader.load_state_dict(
-                        w.loader.deaggregate_state_dict(aggregated, strict=strict), strict=strict)
+                    state = _with_strict(w.loader.deaggregate_state_dict, aggregated, strict)
+                    _with_strict(w.loader.load_state_dict, state, strict)
                 w.reset_pass()
             per = self._layout.num_workers_per_csx
             self._next_local = 0
