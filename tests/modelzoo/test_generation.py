@@ -68,8 +68,9 @@ def test_generation_equals_eager_greedy_decoding(name):
     assert generate.captures == 1
 
 
-@pytest.mark.slow   # the loop's stop rules are also checked, quickly, by
-def test_generation_stops_at_stop_sequences_and_max_tokens():   # test_implicit_loop_compiled
+# Slow; tests/compat/test_implicit_loop_compiled.py checks the loop's stop rules quickly.
+@pytest.mark.slow
+def test_generation_stops_at_stop_sequences_and_max_tokens():
     generate, model, eager = _generator("gpt2")
     full = generate(_batch()).host().tolist()
     # Sequence 0 stops at its third new token, sequence 1 at the pair of its 4th and 5th
