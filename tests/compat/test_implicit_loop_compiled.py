@@ -2,10 +2,16 @@
 compiled `while` loop: stop sequences end a sequence, `max_tokens` bounds every one, and the
 loop ends when all are done. The "model" is a fixed map of the last token, so the expected
 sequences are computed in plain Python."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import cerebras.pytorch as cstorch
+from tests.conftest import ROOT
 
 START, VOCAB, LENGTH = 0, 11, 12
 
@@ -95,6 +101,31 @@ def test_the_generation_is_one_compiled_loop():
     assert "while" in primitives
     step(seq, _stops([[], []]))
     assert step.captures == 1
+
+
+CSX_SCRIPT = r"""
+import json, sys, tempfile
+import cerebras.pytorch as cstorch
+from tests.compat import test_implicit_loop_compiled as t
+cstorch.backend("CSX", artifact_dir=tempfile.mkdtemp())
+prompts = [[2], [4, 5], [6], [7, 3], [1], [2, 2], [3], [9]]
+stops = t._stops([[[4, 3]]] + [[]] * 7)
+print(json.dumps(t._generator(max_tokens=5)(t._prompts(*prompts), stops).host().tolist()))
+"""
+
+
+@pytest.mark.slow
+def test_the_loop_on_an_emulated_wafer_of_eight_devices():
+    """On the CSX backend over 8 emulated devices the loop, its stops and max_tokens work
+    as on the CPU backend."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-c", CSX_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    prompts = [[2], [4, 5], [6], [7, 3], [1], [2, 2], [3], [9]]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [
+        _expected(p, [[4, 3]] if b == 0 else [], max_tokens=5) for b, p in enumerate(prompts)]
 
 
 def test_start_tokens_as_a_list_and_a_full_prompt():
