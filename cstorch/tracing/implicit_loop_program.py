@@ -17,7 +17,6 @@ lowered body in the loop.
 import contextlib
 import contextvars
 from dataclasses import dataclass
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +33,7 @@ class LoopSpec:
     outputs: int            # how many tensor outputs the step has (results, closures)
     has_stops: bool         # whether an extra output after the index holds stop sequences
     start_tokens: tuple     # the padding token(s)
-    max_tokens: Optional[int]
+    max_tokens: int | None
 
 
 @dataclass
@@ -42,9 +41,9 @@ class _Update:
     input: torch.Tensor
     index: torch.Tensor
     result: torch.Tensor
-    stops: Optional[torch.Tensor]
+    stops: torch.Tensor | None
     start_tokens: tuple
-    max_tokens: Optional[int]
+    max_tokens: int | None
 
 
 class Recorder:
@@ -138,7 +137,7 @@ def recording():
         _recording.reset(token)
 
 
-def current() -> Optional[Recorder]:
+def current() -> Recorder | None:
     """The recorder of the capture in progress, or None outside a capture."""
     return _recording.get()
 

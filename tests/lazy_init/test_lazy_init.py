@@ -1,5 +1,5 @@
 """Lazy initialisation: tensors created inside `backend.device` on a CSX backend hold no host
-data until `cstorch.compile` builds them on the devices (`cstorch/lazy_init.py`)."""
+data until `cstorch.compile` builds them on the devices (`cstorch/lazy_init/`)."""
 import copy
 import ctypes
 import io
