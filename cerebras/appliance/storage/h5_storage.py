@@ -8,10 +8,6 @@ import os
 import shutil
 from typing import Any
 
-import h5py
-import torch.utils._pytree as pytree
-
-import cstorch
 from cerebras.appliance.storage.base_storage import (
     PathLike,
     StorageDeleter,
@@ -19,7 +15,6 @@ from cerebras.appliance.storage.base_storage import (
     StorageWriter,
     path_scheme,
 )
-from cstorch.storage.pytree import leaf_keys
 
 # Root attributes that describe the saved tree rather than the checkpoint as a whole.
 _PER_TREE_ATTRS = ("__spec__",)
@@ -74,6 +69,7 @@ class H5Reader(StorageReader):
 
     @property
     def global_metadata(self) -> dict[str, Any]:
+        import h5py  # noqa: PLC0415 (the appliance loads cstorch on first use)
 
         if os.path.isdir(self.path) or not h5py.is_hdf5(self.path):
             return {}
@@ -83,12 +79,15 @@ class H5Reader(StorageReader):
 
     def load(self, map_location=None, **kwargs):
         """The whole checkpoint, exactly as `cstorch.load(path, map_location, ...)`."""
+        import cstorch  # noqa: PLC0415 (the appliance loads cstorch on first use)
 
         return cstorch.load(self.path, map_location=map_location, **kwargs)
 
     def _index(self) -> dict[str, Any]:
         if self._entries is None:
+            import torch.utils._pytree as pytree  # noqa: PLC0415 (loaded on first use)
 
+            from cstorch.storage.pytree import leaf_keys  # noqa: PLC0415 (loaded on first use)
 
             leaves, spec = pytree.tree_flatten(self.load())
             self._entries = dict(zip(leaf_keys(spec), leaves))
@@ -146,6 +145,7 @@ class H5Writer(StorageWriter):
         return _is_local(path) and os.path.exists(os.fspath(path))
 
     def write(self, obj) -> None:
+        import cstorch  # noqa: PLC0415 (the appliance loads cstorch on first use)
 
         cstorch.save(obj, self.path)
 
