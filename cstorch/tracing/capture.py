@@ -34,7 +34,7 @@ from cstorch.metrics.metric import Metric
 from cstorch.notices import inform
 from cstorch.optim.optimizer import hyperparameters
 from cstorch.run.capture_context import CaptureContext, UnregisteredModule, capturing
-from cstorch.tracing import hooks, index_check, micro_batch, python_values
+from cstorch.tracing import hooks, implicit_loop_program, index_check, micro_batch, python_values
 from cstorch.tracing.arguments import Call, Results
 from cstorch.tracing.binding import bind_state, bind_hyperparameters
 from cstorch.tracing.cumulative_batch_norm import cumulative_batch_norm
@@ -130,6 +130,7 @@ class _Outcome:
     dtypes: list = field(default_factory=list)      # of every tensor output
     shapes: list = field(default_factory=list)
     held: tuple = ()          # (result position, cell) of results that are state tensors
+    loop: implicit_loop_program.LoopSpec | None = None   # where the step's implicit loop is
 
 
 def _traced_function(step_fn, backend, call: Call, layout: _Layout, outcome: _Outcome,
@@ -163,6 +164,7 @@ def _traced_function(step_fn, backend, call: Call, layout: _Layout, outcome: _Ou
                 stack.enter_context(cumulative_batch_norm())
             token = capturing.set(outcome.ctx)
             stack.callback(capturing.reset, token)
+            loop = stack.enter_context(implicit_loop_program.recording())
             result = step_fn(*args, **kwargs)
             new_state = [None] * n
             for e in state.entries:
@@ -175,7 +177,8 @@ def _traced_function(step_fn, backend, call: Call, layout: _Layout, outcome: _Ou
         outs = outs + list(outcome.ctx.closure_tensors)
         outcome.dtypes = [t.dtype for t in outs]
         outcome.shapes = [tuple(t.shape) for t in outs]
-        return new_state + [leaves[i].grad for i in outcome.grad_out] + outs
+        outcome.loop, loop_outs = loop.finish(inputs, outs, outcome.grad_out, micro)
+        return new_state + [leaves[i].grad for i in outcome.grad_out] + outs + loop_outs
     return step
 
 
@@ -207,7 +210,12 @@ def _lower(graph, backend, layout, outcome, micro):
     check_finite = csx.debug.check_finite
     check_indices = index_check.enabled(backend)
     if micro is None:
-        return bridge.lower(graph, check_finite=check_finite, check_indices=check_indices)
+        lowered = bridge.lower(graph, check_finite=check_finite, check_indices=check_indices)
+        if outcome.loop is None:
+            return lowered
+        n = len(layout.cells)
+        return implicit_loop_program.around(lowered, outcome.loop, n,
+                                            n + len(layout.grad_in) + 2 * len(layout.hyper))
     if check_finite:
         warnings.warn("cstorch.backends.csx.debug.check_finite does not cover micro-batched "
                       "steps; set micro_batch_size=None to find where a NaN or Inf starts",
