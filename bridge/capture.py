@@ -383,7 +383,8 @@ def _backward(func, args, kwargs, hint):
             "traced step; to look for NaN, compute torch.isnan(x).any() in the step and read "
             f"it after the step. {hint}"))
     roots = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
-    with _gradients_marked(pytree.tree_leaves(roots)):
+    with _gradients_marked(pytree.tree_leaves(roots)), \
+            fx_traceback.annotate({IN_BACKWARD: ENGINE}):
         return func(*args, **kwargs)
 
 
@@ -396,7 +397,7 @@ def _gradients_marked(roots):
 
     def before(seq):
         def hook(grad_outputs):
-            mark = fx_traceback.annotate({GRADIENT_OF: seq})
+            mark = fx_traceback.annotate({GRADIENT_OF: seq, IN_BACKWARD: GRADIENT_OP})
             mark.__enter__()
             open_marks.append(mark)
         return hook
@@ -429,6 +430,11 @@ def _gradients_marked(roots):
 # computing their gradients get in their own `custom` meta (a precision level for the
 # backward pass, say).
 BACKWARD_ANNOTATIONS = "bridge_backward_annotations"
+# Key of `node.meta["custom"]` on every op made while `backward()` runs: GRADIENT_OP for
+# the ops of an autograd node's backward, ENGINE for those autograd's engine makes between
+# them (summing the gradients of a tensor used twice, writing `.grad`).
+IN_BACKWARD = "bridge_in_backward"
+GRADIENT_OP, ENGINE = "gradient op", "engine"
 
 
 def _point_gradients_at_forward(gm: fx.GraphModule):

@@ -19,6 +19,7 @@ from bridge.errors import GRADIENT_OF, LoweringError
 from bridge.index_checks import bounds as index_bounds
 from bridge.ops import LOWERINGS
 from bridge.ops.random import key_stream
+from bridge import scan_blocks
 from bridge.precision import matmul_policy
 
 # A write-back of a mutated input left in a graph (bridge.capture removes its own): the
@@ -162,6 +163,16 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
             checked.append((node, scopes[node]))
 
     index_checks: list = []
+    loops = [] if check_finite or check_indices else scan_blocks.plan(gm)
+
+    def lower_node(node, args, kwargs):
+        if node.target is operator.getitem:
+            return operator.getitem(*args)
+        policy = matmul_policy(policies[node]) if node in policies else contextlib.nullcontext()
+        with jax.named_scope(scopes[node]), policy:
+            if node.target in _WRITE_BACKS and node.args[0].op == "placeholder":
+                return args[1]
+            return _cast_like_meta(node, LOWERINGS[node.target](*args, **kwargs))
 
     def run(*inputs, key=None):
         env = {}
@@ -170,8 +181,10 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
         args_iter = iter(inputs)
         # Products that a lowering leaves at JAX's default precision are float32 on a CPU
         # but TF32 on recent NVIDIA GPUs (a 1e-3 error); eager computes them in float32.
-        with key_stream(key if key is not None else jax.random.key(0)), \
+        with key_stream(key if key is not None else jax.random.key(0)) as stream, \
                 jax.default_matmul_precision("highest"):
+            if loops:
+                return _run_with_loops(gm, loops, env, args_iter, constants, lower_node, stream)
             for node in nodes:
                 if node.op == "placeholder":
                     env[node] = next(args_iter)
@@ -180,21 +193,13 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
                 elif node.op == "call_function":
                     args = fx.node.map_arg(node.args, env.__getitem__)
                     kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-                    if node.target is operator.getitem:
-                        env[node] = operator.getitem(*args)
-                        continue
-                    policy = matmul_policy(policies[node]) if node in policies \
-                        else contextlib.nullcontext()
-                    with jax.named_scope(scopes[node]), policy:
-                        if node.target in _WRITE_BACKS and node.args[0].op == "placeholder":
-                            env[node] = args[1]
-                        else:
-                            env[node] = _cast_like_meta(node, LOWERINGS[node.target](*args, **kwargs))
-                        if check_indices:
+                    env[node] = lower_node(node, args, kwargs)
+                    if check_indices and node.target is not operator.getitem:
+                        with jax.named_scope(scopes[node]):
                             found, values = index_bounds(node, args, kwargs, op_name(node),
                                                          user_frame(node), checked_indices)
-                            index_checks.extend(found)
-                            index_values.extend(values)
+                        index_checks.extend(found)
+                        index_values.extend(values)
                 elif node.op == "output":
                     outs = list(fx.node.map_arg(node.args[0], env.__getitem__))
                     if check_finite:
@@ -206,6 +211,31 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
                     raise NotImplementedError(f"FX node kind {node.op!r} is not supported")
     return Lowered(run, [where for _, where in checked] if check_finite else None,
                    index_checks if check_indices else None)
+
+
+def _run_with_loops(gm, loops, env, args_iter, constants, lower_node, stream):
+    """The graph's outputs, its marked layers run as loops (`bridge.scan_blocks`). Every
+    random op draws the key it draws unrolled, whatever order the walk takes."""
+    stacked, draw_numbers = {}, scan_blocks.draw_numbers(gm)
+    for item in scan_blocks.order(gm, loops):
+        if isinstance(item, scan_blocks.Loop):
+            scan_blocks.run_loop(item, env, lower_node, stacked, stream)
+            continue
+        node = item
+        if node.op == "placeholder":
+            env[node] = next(args_iter)
+        elif node.op == "get_attr":
+            env[node] = constants[node.target]
+        elif node.op == "call_function":
+            args = fx.node.map_arg(node.args, env.__getitem__)
+            kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+            if scan_blocks.draws_random(node):
+                stream.count = draw_numbers[node] - 1
+            env[node] = lower_node(node, args, kwargs)
+        elif node.op == "output":
+            return list(fx.node.map_arg(node.args[0], env.__getitem__))
+        else:
+            raise NotImplementedError(f"FX node kind {node.op!r} is not supported")
 
 
 def _finite_flags(checked, env):

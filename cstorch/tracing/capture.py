@@ -32,6 +32,7 @@ import wafer
 from bridge.capture import with_user_line
 from bridge.device_tensor import DeviceTensor, GradSource
 from bridge.precision import matmul_policy
+from bridge import repeated_blocks
 from cstorch import decompositions
 from cstorch.backends import csx
 from cstorch.distributed.batch_norm import PerProcessBatchNorm
@@ -503,13 +504,16 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
     if micro is not None:
         shapes = micro.capture_shapes(shapes, len(shapes) - len(tensors))
     requires_grad = needs_grad + [False] * (len(shapes) - n)
+    # Identical layers are marked for the lowering to loop over (bridge.scan_blocks).
+    runs = repeated_blocks.find_runs(state.named_modules()) \
+        if csx.performance.scan_blocks and micro is None else []
     on_host = {id(opt) for opt in backend.optimizers if not opt.on_device}
     hook = register_optimizer_step_pre_hook(_refuse_optimizers(on_host))
     try:
         # Errors raised while the step runs (value reads, refusals) keep the user's frames
         # in their traceback and name the user's line.
         with _refuse_torch_schedulers(), _refuse_torch_grad_scaler(), \
-                _register_unseen_modules():
+                _register_unseen_modules(), repeated_blocks.marked(runs):
             graph = bridge.capture(step, shapes, requires_grad, value_read_hint=VALUE_READ_HINT,
                                    tensor_hook=_stray_tensor_hook(state, traced_now, constants),
                                    user_fn=step_fn, library=_LIBRARY,
