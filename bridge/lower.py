@@ -16,7 +16,7 @@ from torch._ops import OpOverload
 
 from bridge.convert import tensor_to_jax, to_jax_dtype
 from bridge.errors import GRADIENT_OF, LoweringError
-from bridge.index_checks import bounds as index_bounds
+from bridge.index_checks import CHECKS as INDEX_CHECKS, bounds as index_bounds
 from bridge.ops import LOWERINGS
 from bridge.ops.random import key_stream
 from bridge import scan_blocks
@@ -163,7 +163,12 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
             checked.append((node, scopes[node]))
 
     index_checks: list = []
-    loops = [] if check_finite or check_indices else scan_blocks.plan(gm)
+    # Layers marked at capture loop (bridge.scan_blocks), except under check_finite, which
+    # flags every op's result; under check_indices, loops whose ops take no indices.
+    loops = [] if check_finite else scan_blocks.plan(
+        gm, unsupported=set(INDEX_CHECKS) if check_indices else set())
+    items = scan_blocks.order(gm, loops) if loops else nodes
+    draw_numbers = scan_blocks.draw_numbers(gm) if loops else {}
 
     def lower_node(node, args, kwargs):
         if node.target is operator.getitem:
@@ -175,7 +180,7 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
             return _cast_like_meta(node, LOWERINGS[node.target](*args, **kwargs))
 
     def run(*inputs, key=None):
-        env = {}
+        env, stacked = {}, {}
         index_checks.clear()
         index_values, checked_indices = [], set()
         args_iter = iter(inputs)
@@ -183,16 +188,18 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
         # but TF32 on recent NVIDIA GPUs (a 1e-3 error); eager computes them in float32.
         with key_stream(key if key is not None else jax.random.key(0)) as stream, \
                 jax.default_matmul_precision("highest"):
-            if loops:
-                return _run_with_loops(gm, loops, env, args_iter, constants, lower_node, stream)
-            for node in nodes:
-                if node.op == "placeholder":
+            for node in items:
+                if isinstance(node, scan_blocks.Loop):
+                    scan_blocks.run_loop(node, env, lower_node, stacked, stream)
+                elif node.op == "placeholder":
                     env[node] = next(args_iter)
                 elif node.op == "get_attr":
                     env[node] = constants[node.target]
                 elif node.op == "call_function":
                     args = fx.node.map_arg(node.args, env.__getitem__)
                     kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+                    if node in draw_numbers:   # the key it draws unrolled, in any order
+                        stream.count = draw_numbers[node] - 1
                     env[node] = lower_node(node, args, kwargs)
                     if check_indices and node.target is not operator.getitem:
                         with jax.named_scope(scopes[node]):
@@ -211,31 +218,6 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
                     raise NotImplementedError(f"FX node kind {node.op!r} is not supported")
     return Lowered(run, [where for _, where in checked] if check_finite else None,
                    index_checks if check_indices else None)
-
-
-def _run_with_loops(gm, loops, env, args_iter, constants, lower_node, stream):
-    """The graph's outputs, its marked layers run as loops (`bridge.scan_blocks`). Every
-    random op draws the key it draws unrolled, whatever order the walk takes."""
-    stacked, draw_numbers = {}, scan_blocks.draw_numbers(gm)
-    for item in scan_blocks.order(gm, loops):
-        if isinstance(item, scan_blocks.Loop):
-            scan_blocks.run_loop(item, env, lower_node, stacked, stream)
-            continue
-        node = item
-        if node.op == "placeholder":
-            env[node] = next(args_iter)
-        elif node.op == "get_attr":
-            env[node] = constants[node.target]
-        elif node.op == "call_function":
-            args = fx.node.map_arg(node.args, env.__getitem__)
-            kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-            if scan_blocks.draws_random(node):
-                stream.count = draw_numbers[node] - 1
-            env[node] = lower_node(node, args, kwargs)
-        elif node.op == "output":
-            return list(fx.node.map_arg(node.args[0], env.__getitem__))
-        else:
-            raise NotImplementedError(f"FX node kind {node.op!r} is not supported")
 
 
 def _finite_flags(checked, env):

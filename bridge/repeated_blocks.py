@@ -19,7 +19,7 @@ from bridge.capture import BACKWARD_ANNOTATIONS, IN_BACKWARD
 
 log = logging.getLogger("bridge.scan")
 
-# Key of `node.meta["custom"]`: (run index, layer index) of the module call that made the op.
+# Key of `node.meta["custom"]`: (run label, layer index) of the module call that made the op.
 BLOCK = "bridge_block"
 
 _HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks",
@@ -68,8 +68,12 @@ class Run:
     def layer_name(self, k: int) -> str:
         return f"{self.name}.{self.first + k}"
 
+    @property
+    def label(self) -> str:
+        return f"{self.name}[{self.first}:{self.first + len(self.modules)}]"
+
     def __repr__(self):
-        return f"Run({self.name}[{self.first}:{self.first + len(self.modules)}])"
+        return f"Run({self.label})"
 
 
 def find_runs(named_modules) -> list:
@@ -106,7 +110,7 @@ def marked(runs: list):
     """While active, the ops each run's layer makes (and later the ops computing their
     gradients) carry `BLOCK` in their node's custom meta. A layer called inside another
     marked layer's call keeps the outer mark."""
-    layer_of = {id(m): (r, k) for r, run in enumerate(runs) for k, m in enumerate(run.modules)}
+    layer_of = {id(m): (run.label, k) for run in runs for k, m in enumerate(run.modules)}
     open_marks: list = []   # (module, its annotate context)
 
     def pre(module, args):

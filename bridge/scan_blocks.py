@@ -72,16 +72,21 @@ class _Refused(Exception):
     pass
 
 
-def plan(gm: fx.GraphModule) -> list:
-    """The loops of `gm`'s marked layers, in no particular order."""
+def plan(gm: fx.GraphModule, unsupported=frozenset()) -> list:
+    """The loops of `gm`'s marked layers, in no particular order; layers with an op in
+    `unsupported` (ops whose lowering the caller does more for) stay unrolled."""
     groups = _groups(gm)
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     draw = draw_numbers(gm)
     loops = []
     for (run, backward), layers in sorted(groups.items()):
-        name = f"run {run} ({'gradients' if backward else 'forward'})"
+        name = f"{run} ({'gradients' if backward else 'forward'})"
         try:
-            loops.append(_loop(name, layers, backward, order, draw))
+            odd = next((n for n in (layers or [[]])[0] if n.target in unsupported), None)
+            if odd is not None:
+                raise _Refused(f"its op {odd.target} has its indices checked "
+                               "(cstorch.backends.csx.debug.check_indices)")
+            loops.append(_loop(name, layers, backward, draw))
+            log.info("the %d layers of %s are one loop", len(layers), name)
         except _Refused as e:
             log.info("the layers of %s are compiled one by one: %s", name, e)
     return loops
@@ -131,7 +136,7 @@ def _tensor_meta(node):
     return (tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else None
 
 
-def _loop(name, layers, backward, order, draw) -> Loop:
+def _loop(name, layers, backward, draw) -> Loop:
     if layers is None or len(layers) < 2:
         raise _Refused("not every layer's ops were found")
     count = len(layers[0])
@@ -301,7 +306,8 @@ def run_loop(loop: Loop, env: dict, lower_node, stacked: dict, stream):
     carry_slots = {k[1]: s for s, k in enumerate(loop.kinds) if isinstance(k, tuple)}
     init = tuple(env[loop.slots[carry_slots[p]][first]] for p in loop.carry)
     xs_slots = [s for s, k in enumerate(loop.kinds) if k == "xs"]
-    xs = [_stack([env[v] for v in loop.slots[s]], stacked) for s in xs_slots]
+    index = _opaque_range(n)
+    xs = [_stack([env[v] for v in loop.slots[s]], stacked, index) for s in xs_slots]
     draw_positions = sorted(loop.draws)
     draws = [jnp.asarray(loop.draws[p], jnp.uint32) for p in draw_positions]
     if draws:
@@ -338,7 +344,7 @@ def run_loop(loop: Loop, env: dict, lower_node, stacked: dict, stream):
     stream.count = 0   # the body's count is the body trace's own; each draw sets it again
     for p, value in zip(loop.ys, ys):
         for k, layer in enumerate(loop.layers):
-            part = value[k]
+            part = jax.lax.dynamic_index_in_dim(value, index[k], keepdims=False)
             stacked[id(part)] = (value, k, part)
             env[layer[p]] = part
     last = 0 if loop.reverse else n - 1
@@ -346,12 +352,24 @@ def run_loop(loop: Loop, env: dict, lower_node, stacked: dict, stream):
         env[loop.layers[last][p]] = value
 
 
-def _stack(values, stacked):
+def _opaque_range(n):
+    """0 .. n-1 as values XLA cannot see: a layer's part of a stacked array is then read
+    and written at an offset the kernel takes as an argument, so the kernels of all
+    layers (the optimizer's update of each layer's parameter, say) are one kernel, which
+    XLA's CPU backend compiles once; at constant offsets each layer had kernels of its own,
+    and compiling them cost more than the loop saved."""
+    return jax.lax.optimization_barrier(jnp.arange(n, dtype=jnp.int32))
+
+
+def _stack(values, stacked, index):
     """The per-layer `values` as one array: a loop's stacked output when they are its
-    layers in order, else stacked here."""
+    layers in order, else written layer by layer into a new one (at `index`' offsets)."""
     sources = [stacked.get(id(v)) for v in values]
     if all(s is not None and s[2] is v for s, v in zip(sources, values)) \
             and all(s[0] is sources[0][0] and s[1] == k for k, s in enumerate(sources)) \
             and sources[0][0].shape[0] == len(values):
         return sources[0][0]
-    return jnp.stack(values)
+    out = jnp.zeros((len(values), *jnp.shape(values[0])), jnp.result_type(values[0]))
+    for k, v in enumerate(values):
+        out = jax.lax.dynamic_update_index_in_dim(out, v, index[k], 0)
+    return out
