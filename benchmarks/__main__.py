@@ -7,6 +7,7 @@ Workloads (benchmarks/workloads): mlp-tiny, gpt-small, transformer-lm and cnn tr
 CPU against eager PyTorch, torch.compile and the model written by hand in JAX
 (benchmarks/peers.py), each in a fresh process (benchmarks/harness.py); first-step times
 the 4-layer GPT's first step with a cold and a warm compile_dir (benchmarks/first_step.py);
+depth times a GPT's first step at 2 to 48 layers against its peers (benchmarks/depth.py);
 executor times the DataExecutor loop against a bare loop over the same batches. torchax is
 not run: the project does not install it.
 
@@ -29,7 +30,7 @@ import time
 
 import psutil
 
-from benchmarks import first_step, workloads
+from benchmarks import depth, first_step, workloads
 from benchmarks._report import steal_since, write_section
 from benchmarks.harness import MARK
 from benchmarks.peers import ORDER, TITLES
@@ -255,6 +256,11 @@ def report(command, where, results, rate, quick) -> str:
                   "the loops taking turns pass by pass in a shuffled order"
                   + (f"; {r['steal']}" if "steal" in r else "") + ".", "",
                   executor_table(r), ""]
+    if "depth" in by_name:
+        parts += ["First step against depth (benchmarks/depth.py), each peer and depth in a "
+                  "fresh process" + (f"; {by_name['depth']['steal']}" if "steal" in
+                                     by_name["depth"] else "") + ".", "",
+                  by_name["depth"]["text"], ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -289,7 +295,7 @@ def main(argv=None):
             continue
         if name == "first-step":
             steps, repeats = SIZES[name][mode]
-        elif name != "executor":
+        elif name not in ("executor", "depth"):
             steps, repeats = workloads.load(name).SIZES[mode]
             steps, repeats = args.steps or steps, args.repeats or repeats
         start, cpu = time.perf_counter(), psutil.cpu_times()
@@ -301,6 +307,8 @@ def main(argv=None):
                 results.append({"workload": name, "error": f"{type(e).__name__}: {e}"[:300]})
         elif name == "executor":
             results.append(executor_runs(mode, args.steps, args.repeats))
+        elif name == "depth":
+            results.append(depth.run(args.quick))
         else:
             results.append(in_subprocess(name, steps, repeats, peers))
         results[-1]["steal"] = steal_since(cpu)
