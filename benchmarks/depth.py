@@ -5,9 +5,9 @@ first step is a true first step (imports done, nothing compiled or cached):
 - eager: eager PyTorch; torch-compile: the model under `torch.compile`;
 - jax: the model written by hand in JAX, one `jax.jit` step, its layers unrolled;
   jax-scan: the same with its layers in one `jax.lax.scan` over stacked weights;
-- cstorch: a `@cstorch.trace` step on the CPU backend (identical layers looped,
-  `cstorch.backends.csx.performance.scan_blocks`); cstorch-unrolled: the same with
-  `scan_blocks = False`.
+- cstorch: a `@cstorch.trace` step on the CPU backend with identical layers looped
+  (`cstorch.backends.csx.performance.scan_blocks = True`); cstorch-unrolled: the same
+  with `scan_blocks = False` (the default).
 
 Each process times its first step (wall time, the loss read on the host), then the
 median of `--steps` more. Run: python -m benchmarks.depth [--quick] [--layers 2,8]

@@ -79,6 +79,7 @@ def _sgd(module, model):
 
 def _train(model, scan, batches, data_write=None):
     """Losses, state and lowered StableHLO of the steps traced with scan_blocks=`scan`."""
+    before = cstorch.backends.csx.performance.scan_blocks
     cstorch.backends.csx.performance.scan_blocks = scan
     try:
         cstorch.backend("CPU")
@@ -102,7 +103,7 @@ def _train(model, scan, batches, data_write=None):
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return torch.stack(losses), state, text, step.captures
     finally:
-        cstorch.backends.csx.performance.scan_blocks = True
+        cstorch.backends.csx.performance.scan_blocks = before
 
 
 def _whiles(text):
