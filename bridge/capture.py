@@ -34,6 +34,7 @@ from torch.overrides import TorchFunctionMode
 from bridge.errors import (GRADIENT_OF, CaptureError, DataDependentShapeError,
                            TensorValueReadError)
 from bridge import eager_errors
+from bridge.node_marks import ENGINE, GRADIENT_OP, IN_BACKWARD
 from bridge.ops.recurrent import route as route_recurrent
 
 _Tensor = torch.Tensor
@@ -430,11 +431,6 @@ def _gradients_marked(roots):
 # computing their gradients get in their own `custom` meta (a precision level for the
 # backward pass, say).
 BACKWARD_ANNOTATIONS = "bridge_backward_annotations"
-# Key of `node.meta["custom"]` on every op made while `backward()` runs: GRADIENT_OP for
-# the ops of an autograd node's backward, ENGINE for those autograd's engine makes between
-# them (summing the gradients of a tensor used twice, writing `.grad`).
-IN_BACKWARD = "bridge_in_backward"
-GRADIENT_OP, ENGINE = "gradient op", "engine"
 
 
 def _point_gradients_at_forward(gm: fx.GraphModule):

@@ -15,12 +15,11 @@ import torch.nn as nn
 from torch.nn.modules.module import (register_module_forward_hook,
                                      register_module_forward_pre_hook)
 
-from bridge.capture import BACKWARD_ANNOTATIONS, IN_BACKWARD
+from bridge.capture import BACKWARD_ANNOTATIONS
+from bridge.node_marks import BLOCK, IN_BACKWARD
 
 log = logging.getLogger("bridge.scan")
 
-# Key of `node.meta["custom"]`: (run label, layer index) of the module call that made the op.
-BLOCK = "bridge_block"
 
 _HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks",
                 "_backward_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks")

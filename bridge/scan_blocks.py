@@ -22,9 +22,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from bridge.capture import ENGINE, IN_BACKWARD
+from bridge.node_marks import BLOCK, ENGINE, IN_BACKWARD
 from bridge.ops import LOWERINGS
-from bridge.repeated_blocks import BLOCK
 
 log = logging.getLogger("bridge.scan")
 
