@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
 from bridge.repeated_blocks import find_runs
-from tests.foundation.models import rel_err
+from tests.models import rel_err
 
 DIM, HEADS, LAYERS, VOCAB, T = 16, 2, 3, 23, 8
 
