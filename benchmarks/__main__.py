@@ -10,7 +10,8 @@ the 4-layer GPT's first step with a cold and a warm compile_dir (benchmarks/firs
 executor times the DataExecutor loop against a bare loop over the same batches;
 peak-memory reads each peer's peak host memory over 3 AdamW steps of a 153M-parameter GPT
 (--quick: width 256, 2 layers) and bert-first-step times a tiny transformers BERT
-classifier's first step (benchmarks/peak_memory.py). torchax is not run: the project does
+classifier's first step (benchmarks/peak_memory.py); depth times a GPT's first step at 2 to
+48 layers against its peers (benchmarks/depth.py). torchax is not run: the project does
 not install it.
 
 Each timed figure is the median over repeated timed passes after a warm-up pass, with the
@@ -32,7 +33,7 @@ import time
 
 import psutil
 
-from benchmarks import first_step, peak_memory, workloads
+from benchmarks import depth, first_step, peak_memory, workloads
 from benchmarks._report import steal_since, write_section
 from benchmarks.harness import MARK
 from benchmarks.peers import ORDER, TITLES
@@ -271,6 +272,11 @@ def report(command, where, results, rate, quick) -> str:
                   "the loops taking turns pass by pass in a shuffled order"
                   + (f"; {r['steal']}" if "steal" in r else "") + ".", "",
                   executor_table(r), ""]
+    if "depth" in by_name:
+        parts += ["First step against depth (benchmarks/depth.py), each peer and depth in a "
+                  "fresh process" + (f"; {by_name['depth']['steal']}" if "steal" in
+                                     by_name["depth"] else "") + ".", "",
+                  by_name["depth"]["text"], ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -323,6 +329,8 @@ def main(argv=None):
         elif name == "bert-first-step":
             results.append({"workload": name,
                             "peers": peak_memory.bert_first_step(_own(peers))})
+        elif name == "depth":
+            results.append(depth.run(args.quick))
         else:
             results.append(in_subprocess(name, steps, repeats, peers))
         results[-1]["steal"] = steal_since(cpu)

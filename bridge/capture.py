@@ -32,6 +32,7 @@ from bridge.decomposition_table import decompositions
 from bridge.errors import (GRADIENT_OF, CaptureError, DataDependentShapeError,
                            TensorValueReadError)
 from bridge.lower import check_lowerable
+from bridge.node_marks import ENGINE, GRADIENT_OP, IN_BACKWARD
 from bridge.ops.recurrent import route as route_recurrent
 from bridge.user_line import (NO_USER_FRAME, anchor_stack_traces, stack_trace, user_code,
                               with_user_line)
@@ -258,7 +259,8 @@ def _backward(func, args, kwargs, hint):
             "traced step; to look for NaN, compute torch.isnan(x).any() in the step and read "
             f"it after the step. {hint}"))
     roots = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
-    with _gradients_marked(pytree.tree_leaves(roots)):
+    with _gradients_marked(pytree.tree_leaves(roots)), \
+            fx_traceback.annotate({IN_BACKWARD: ENGINE}):
         return func(*args, **kwargs)
 
 
@@ -271,7 +273,7 @@ def _gradients_marked(roots):
 
     def before(seq):
         def hook(grad_outputs):
-            mark = fx_traceback.annotate({GRADIENT_OF: seq})
+            mark = fx_traceback.annotate({GRADIENT_OF: seq, IN_BACKWARD: GRADIENT_OP})
             mark.__enter__()
             open_marks.append(mark)
         return hook

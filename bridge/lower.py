@@ -16,9 +16,10 @@ from torch._ops import OpOverload
 
 from bridge.convert import tensor_to_jax, to_jax_dtype
 from bridge.errors import GRADIENT_OF, LoweringError
-from bridge.index_checks import bounds as index_bounds
+from bridge.index_checks import CHECKS as INDEX_CHECKS, bounds as index_bounds
 from bridge.ops import LOWERINGS
 from bridge.ops.random import key_stream
+from bridge import scan_blocks
 from bridge.precision import matmul_policy
 
 # A write-back of a mutated input left in a graph (bridge.capture removes its own): the
@@ -162,39 +163,50 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
             checked.append((node, scopes[node]))
 
     index_checks: list = []
+    # Layers marked at capture loop (bridge.scan_blocks), except under check_finite, which
+    # flags every op's result; under check_indices, loops whose ops take no indices.
+    loops = [] if check_finite else scan_blocks.plan(
+        gm, unsupported=set(INDEX_CHECKS) if check_indices else set())
+    items = scan_blocks.order(gm, loops) if loops else nodes
+    draw_numbers = scan_blocks.draw_numbers(gm) if loops else {}
+
+    def lower_node(node, args, kwargs):
+        if node.target is operator.getitem:
+            return operator.getitem(*args)
+        policy = matmul_policy(policies[node]) if node in policies else contextlib.nullcontext()
+        with jax.named_scope(scopes[node]), policy:
+            if node.target in _WRITE_BACKS and node.args[0].op == "placeholder":
+                return args[1]
+            return _cast_like_meta(node, LOWERINGS[node.target](*args, **kwargs))
 
     def run(*inputs, key=None):
-        env = {}
+        env, stacked = {}, {}
         index_checks.clear()
         index_values, checked_indices = [], set()
         args_iter = iter(inputs)
         # Products that a lowering leaves at JAX's default precision are float32 on a CPU
         # but TF32 on recent NVIDIA GPUs (a 1e-3 error); eager computes them in float32.
-        with key_stream(key if key is not None else jax.random.key(0)), \
+        with key_stream(key if key is not None else jax.random.key(0)) as stream, \
                 jax.default_matmul_precision("highest"):
-            for node in nodes:
-                if node.op == "placeholder":
+            for node in items:
+                if isinstance(node, scan_blocks.Loop):
+                    scan_blocks.run_loop(node, env, lower_node, stacked, stream)
+                elif node.op == "placeholder":
                     env[node] = next(args_iter)
                 elif node.op == "get_attr":
                     env[node] = constants[node.target]
                 elif node.op == "call_function":
                     args = fx.node.map_arg(node.args, env.__getitem__)
                     kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-                    if node.target is operator.getitem:
-                        env[node] = operator.getitem(*args)
-                        continue
-                    policy = matmul_policy(policies[node]) if node in policies \
-                        else contextlib.nullcontext()
-                    with jax.named_scope(scopes[node]), policy:
-                        if node.target in _WRITE_BACKS and node.args[0].op == "placeholder":
-                            env[node] = args[1]
-                        else:
-                            env[node] = _cast_like_meta(node, LOWERINGS[node.target](*args, **kwargs))
-                        if check_indices:
+                    if node in draw_numbers:   # the key it draws unrolled, in any order
+                        stream.count = draw_numbers[node] - 1
+                    env[node] = lower_node(node, args, kwargs)
+                    if check_indices and node.target is not operator.getitem:
+                        with jax.named_scope(scopes[node]):
                             found, values = index_bounds(node, args, kwargs, op_name(node),
                                                          user_frame(node), checked_indices)
-                            index_checks.extend(found)
-                            index_values.extend(values)
+                        index_checks.extend(found)
+                        index_values.extend(values)
                 elif node.op == "output":
                     outs = list(fx.node.map_arg(node.args[0], env.__getitem__))
                     if check_finite:

@@ -26,18 +26,23 @@ class KeyStream:
         self.key = key
         self.count = 0
 
-    def next(self):
+    def materialize(self):
+        """Make the key now, outside any loop body whose trace it must not belong to."""
         if callable(self.key):
             self.key = self.key()
+
+    def next(self):
+        self.materialize()
         self.count += 1
         return jax.random.fold_in(self.key, self.count)
 
 
 @contextlib.contextmanager
 def key_stream(key):
-    token = _keys.set(KeyStream(key))
+    stream = KeyStream(key)
+    token = _keys.set(stream)
     try:
-        yield
+        yield stream
     finally:
         _keys.reset(token)
 

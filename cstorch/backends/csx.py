@@ -181,11 +181,21 @@ class Performance(_FlagGroup):
     - `transfer_processes`: processes that move data to and from the device (default 5).
     - `compress_weights` (default False): recorded as `compressed: true` on the tensors
       `cstorch.save` writes; every non-scalar tensor goes through LZ4 whatever it says.
+    - `scan_blocks` (default False; every backend): True makes structurally identical
+      modules applied one after another (the layers of an `nn.ModuleList` or
+      `nn.Sequential`) compile as one loop over their stacked weights (`jax.lax.scan`),
+      forward and gradients, instead of once per layer; the program computes what the
+      unrolled one does. Layers that differ are unrolled and the reason logged at INFO
+      (logger `bridge.scan`); not applied to micro-batched steps (`docs/scan-blocks.md`).
+      Off by default: on the CPU backend the loop compiled no faster than the unrolled
+      layers, whose kernels XLA compiles once for all layers, and adds a copy of the
+      layers' parameters per step (`docs/benchmarks.md`).
     """
     _flags = {
         "micro_batch_size": ("auto", _micro_batch_size),
         "transfer_processes": (5, _positive_int),
         "compress_weights": (False, _bool),
+        "scan_blocks": (False, _bool),
     }
     _inert = {"transfer_processes": "data moves to the devices in this process"}
 

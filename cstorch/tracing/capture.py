@@ -26,6 +26,7 @@ import bridge
 import wafer
 from bridge.device_tensor import GradSource
 from bridge.precision import matmul_policy
+from bridge import repeated_blocks
 from cstorch import decompositions
 from cstorch.backend.process_group import global_shape
 from cstorch.backends import csx
@@ -189,12 +190,16 @@ def _trace(step_fn, backend, call, layout, outcome, micro):
     if micro is not None:
         shapes = micro.capture_shapes(shapes, len(shapes) - len(layout.tensors))
     requires_grad = state.grad_flags() + [False] * (len(shapes) - len(layout.cells))
+    # Identical layers are marked for the lowering to loop over (bridge.scan_blocks).
+    runs = repeated_blocks.find_runs(state.named_modules()) \
+        if csx.performance.scan_blocks and micro is None else []
     on_host = {id(opt) for opt in backend.optimizers if not opt.on_device}
     hook = register_optimizer_step_pre_hook(refuse_optimizers(on_host))
     try:
         # Errors raised while the step runs (value reads, refusals) keep the user's frames
         # in their traceback and name the user's line.
-        with refuse_torch_schedulers(), refuse_torch_grad_scaler(), register_unseen_modules():
+        with refuse_torch_schedulers(), refuse_torch_grad_scaler(), register_unseen_modules(), \
+                repeated_blocks.marked(runs):
             return bridge.capture(
                 _traced_function(step_fn, backend, call, layout, outcome, micro), shapes,
                 requires_grad, value_read_hint=VALUE_READ_HINT,

@@ -11,7 +11,8 @@ import difflib
 # The parts of a program key, in the order `TracedStep._key` builds it.
 _PARTS = ("arguments", "state layout", "train/eval modes", "requires_grad flags",
           "optimizer settings", "micro-batch size", "precision optimization level",
-          "check_finite", "check_indices", "default dtype and CPU autocast dtype")
+          "check_finite", "check_indices", "default dtype and CPU autocast dtype",
+          "scan_blocks")
 
 
 def _describe_arguments(old, new) -> list:

@@ -49,7 +49,8 @@ class ProgramCache:
                backend.precision_level, csx.debug.check_finite, index_check.enabled(backend),
                # torch's own settings the capture follows, as eager PyTorch would
                (torch.get_default_dtype(),
-                torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")))
+                torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")),
+               csx.performance.scan_blocks)
         return key, values
 
     def _groups(self, backend):

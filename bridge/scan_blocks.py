@@ -1,0 +1,374 @@
+"""Lower the layers of a run of identical modules (`bridge.repeated_blocks`) as one loop.
+
+A captured step holds each layer's ops once per layer: the forward ops the layer's call
+made, and the ops computing their gradients. Where the layers' ops are the same program
+(the same ops on the same shapes, each reading its own parameters, the previous layer's
+result and values shared by all), `plan` makes a `Loop` of them: the first layer's ops
+become the body of one `jax.lax.scan` over the layers' stacked inputs, so XLA compiles
+the body once instead of once per layer. The forward layers make one loop, their
+gradients another that runs from the last layer to the first.
+
+Anything that does not fit leaves those layers unrolled, with the reason logged at INFO:
+the lowered program computes exactly what the unrolled one does, random draws included
+(each random op keeps the key it has unrolled).
+"""
+import heapq
+import logging
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from bridge.node_marks import BLOCK, ENGINE, IN_BACKWARD
+from bridge.ops import LOWERINGS
+
+log = logging.getLogger("bridge.scan")
+
+# The lowering-relevant custom meta of a node (bridge.lower's NAME_SCOPE, MATMUL_POLICY):
+# two layers' nodes must agree on it.
+_LOWERING_META = ("bridge_name_scope", "bridge_matmul_policy")
+
+
+def draws_random(node) -> bool:
+    """Whether `node`'s lowering draws a key from the step's key stream (one per node)."""
+    fn = LOWERINGS.get(node.target) if node.op == "call_function" else None
+    return fn is not None and fn.__module__ == "bridge.ops.random"
+
+
+def draw_numbers(gm: fx.GraphModule) -> dict:
+    """{random node: the number of its draw from the key stream}, as the graph's own order
+    numbers them when it is lowered unrolled."""
+    draws = [n for n in gm.graph.nodes if draws_random(n)]
+    return {n: k + 1 for k, n in enumerate(draws)}
+
+
+@dataclass(eq=False)
+class Loop:
+    """Layers whose ops are one program: `layers[i][p]` is layer i's node at position p,
+    `layers[0]` is the body. A body argument outside the body is a slot: its per-layer
+    values are `slots[s]` (nodes), and `kinds[s]` is "shared" (one value for all),
+    "xs" (one per layer, stacked) or ("carry", p) (the previous layer's node at p; the
+    first layer to run reads the slot's own node)."""
+    name: str
+    layers: list
+    reverse: bool
+    arg_slots: dict            # (body position, argument leaf) -> slot
+    slots: list
+    kinds: list
+    carry: list                # body positions carried to the next layer
+    ys: list                   # body positions read outside the loop
+    draws: dict = field(default_factory=dict)   # body position -> per-layer draw numbers
+
+    @property
+    def nodes(self):
+        return [n for layer in self.layers for n in layer]
+
+
+class _Refused(Exception):
+    pass
+
+
+def plan(gm: fx.GraphModule, unsupported=frozenset()) -> list:
+    """The loops of `gm`'s marked layers, in no particular order; layers with an op in
+    `unsupported` (ops whose lowering the caller does more for) stay unrolled."""
+    groups = _groups(gm)
+    draw = draw_numbers(gm)
+    loops = []
+    for (run, backward), layers in sorted(groups.items()):
+        name = f"{run} ({'gradients' if backward else 'forward'})"
+        try:
+            odd = next((n for n in (layers or [[]])[0] if n.target in unsupported), None)
+            if odd is not None:
+                raise _Refused(f"its op {odd.target} has its indices checked "
+                               "(cstorch.backends.csx.debug.check_indices)")
+            loops.append(_loop(name, layers, backward, draw))
+            log.info("the %d layers of %s are one loop", len(layers), name)
+        except _Refused as e:
+            log.info("the layers of %s are compiled one by one: %s", name, e)
+    return loops
+
+
+def _groups(gm) -> dict:
+    """{(run, is gradient): [nodes of layer 0, of layer 1, ...]}. A sum autograd's engine
+    makes (a gradient completed from two uses of a tensor, a `.grad` written) belongs to
+    the layer whose gradient ops it reads that ran last."""
+    tag, found = {}, {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        custom = node.meta.get("custom") or {}
+        where, kind = custom.get(BLOCK), custom.get(IN_BACKWARD)
+        if where is None and kind == ENGINE:
+            inputs = {tag[a] for a in node.all_input_nodes if a in tag and tag[a][2]}
+            if len({t[0] for t in inputs}) == 1:
+                where = min(inputs, key=lambda t: t[1])[:2]
+        if where is None:
+            continue
+        tag[node] = (*where, kind is not None)
+        found.setdefault((where[0], kind is not None), {}).setdefault(where[1], []).append(node)
+    return {key: [layers[k] for k in sorted(layers)] if sorted(layers) == list(range(len(layers)))
+            else None for key, layers in found.items()}
+
+
+def _same_value(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and a != a:
+        return b != b
+    try:
+        return bool(a == b)
+    except Exception:   # values without a plain equality
+        return a is b
+
+
+def _meta(node):
+    val = node.meta.get("val")
+    return pytree.tree_map(lambda v: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor)
+                           else v, val)
+
+
+def _tensor_meta(node):
+    val = node.meta.get("val")
+    return (tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else None
+
+
+def _loop(name, layers, backward, draw) -> Loop:
+    if layers is None or len(layers) < 2:
+        raise _Refused("not every layer's ops were found")
+    count = len(layers[0])
+    for k, layer in enumerate(layers):
+        if len(layer) != count:
+            raise _Refused(f"layer {k} has {len(layer)} ops where layer 0 has {count}")
+    position = {n: (k, p) for k, layer in enumerate(layers) for p, n in enumerate(layer)}
+    arg_slots, slot_of, slots = {}, {}, []
+    for p, body_node in enumerate(layers[0]):
+        leaves0, spec0 = pytree.tree_flatten((body_node.args, body_node.kwargs))
+        per_layer = []
+        for k, layer in enumerate(layers):
+            node = layer[p]
+            leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
+            if node.target != body_node.target or spec != spec0 or _meta(node) != _meta(body_node):
+                raise _Refused(f"layer {k}'s op {node.name} ({node.target}) differs from layer "
+                               f"0's {body_node.name} ({body_node.target})")
+            custom, custom0 = node.meta.get("custom") or {}, body_node.meta.get("custom") or {}
+            if any(custom.get(key) != custom0.get(key) for key in _LOWERING_META):
+                raise _Refused(f"layer {k}'s op {node.name} is lowered under other settings")
+            per_layer.append(leaves)
+        for j, leaf0 in enumerate(leaves0):
+            values = [leaves[j] for leaves in per_layer]
+            if not isinstance(leaf0, fx.Node):
+                if not all(_same_value(v, leaf0) for v in values):
+                    raise _Refused(f"op {body_node.name} takes other constants in other layers")
+                continue
+            if position.get(leaf0, (None,))[0] == 0:   # inside the layer: its own op
+                q = position[leaf0][1]
+                if not all(isinstance(v, fx.Node) and position.get(v) == (k, q)
+                           for k, v in enumerate(values)):
+                    raise _Refused(f"op {body_node.name} reads other ops in other layers")
+                continue
+            if not all(isinstance(v, fx.Node) for v in values):
+                raise _Refused(f"op {body_node.name} takes a constant where another takes a tensor")
+            values = tuple(values)
+            if values not in slot_of:
+                slot_of[values] = len(slots)
+                slots.append(values)
+            arg_slots[(p, j)] = slot_of[values]
+    kinds = [_kind(values, position, backward) for values in slots]
+    carry = sorted({k[1] for k in kinds if isinstance(k, tuple)})
+    _check_carries(slots, kinds, layers, backward)
+    _check_no_cycle(slots, kinds, position, backward)
+    ys = []
+    last = 0 if backward else len(layers) - 1
+    for p in range(count):
+        outside = False
+        for k, layer in enumerate(layers):
+            users = [u for u in layer[p].users if u not in position]
+            if users and not (k == last and p in carry):
+                outside = True
+        if outside:
+            if _tensor_meta(layers[0][p]) is None:
+                raise _Refused(f"a non-tensor value of op {layers[0][p].name} is read outside")
+            ys.append(p)
+    draws = {p: [draw[layer[p]] for layer in layers] for p in range(count)
+             if layers[0][p] in draw}
+    return Loop(name, layers, backward, arg_slots, slots, kinds, carry, ys, draws)
+
+
+def _kind(values, position, backward):
+    inside = [position.get(v) for v in values]
+    if all(w is None for w in inside):
+        if all(v is values[0] for v in values):
+            return "shared"
+        if any(_tensor_meta(v) is None for v in values):
+            raise _Refused("a non-tensor value differs between layers")
+        return "xs"
+    step = 1 if backward else -1   # where each layer's carried value comes from
+    first = len(values) - 1 if backward else 0
+    if inside[first] is not None:
+        raise _Refused("the layer that runs first reads another layer's op")
+    ps = set()
+    for k, w in enumerate(inside):
+        if k == first:
+            continue
+        if w is None or w[0] != k + step:
+            raise _Refused("a layer reads an op of a layer other than the one before it")
+        ps.add(w[1])
+    if len(ps) != 1:
+        raise _Refused("layers read different ops of the layer before them")
+    return ("carry", ps.pop())
+
+
+def _check_carries(slots, kinds, layers, backward):
+    first = len(layers) - 1 if backward else 0
+    init = {}
+    for values, kind in zip(slots, kinds):
+        if not isinstance(kind, tuple):
+            continue
+        p = kind[1]
+        if init.setdefault(p, values[first]) is not values[first]:
+            raise _Refused("one carried value starts from two different values")
+        if _tensor_meta(values[first]) is None or \
+                _tensor_meta(values[first]) != _tensor_meta(layers[0][p]):
+            raise _Refused("a carried value changes its shape or dtype from layer to layer")
+
+
+def _check_no_cycle(slots, kinds, position, backward):
+    """Nothing the loop reads from outside may depend on the loop's own ops."""
+    sources = set()
+    first = len(slots[0]) - 1 if slots and backward else 0
+    for values, kind in zip(slots, kinds):
+        sources.update([values[first]] if isinstance(kind, tuple) else values)
+    seen, todo = set(), [u for n in position for u in n.users if u not in position]
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        if node in sources:
+            raise _Refused(f"{node.name}, which a layer reads, depends on an earlier layer's "
+                           "result outside the layers")
+        seen.add(node)
+        todo.extend(node.users)
+
+
+def order(gm: fx.GraphModule, loops: list) -> list:
+    """The graph's nodes with each loop's nodes replaced by the loop, in an order where
+    everything comes after what it reads (the graph's own order where possible)."""
+    item_of = {}
+    for loop in loops:
+        for node in loop.nodes:
+            item_of[node] = loop
+    nodes = list(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    items, deps = [], {}
+    for node in nodes:
+        item = item_of.get(node, node)
+        if item not in deps:
+            items.append(item)
+            deps[item] = set()
+        for a in node.all_input_nodes:
+            source = item_of.get(a, a)
+            if source is not item:
+                deps[item].add(source)
+    first = {item: index[item.layers[0][0]] if isinstance(item, Loop) else index[item]
+             for item in items}
+    key = {item: i for i, item in enumerate(items)}
+    waiting = {item: len(d) for item, d in deps.items()}
+    users = {item: [] for item in items}
+    for item, d in deps.items():
+        for source in d:
+            users[source].append(item)
+    ready = [(first[i], key[i]) for i in items if waiting[i] == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        item = items[k]
+        out.append(item)
+        for user in users[item]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, (first[user], key[user]))
+    if len(out) != len(items):
+        raise RuntimeError("bridge.scan_blocks: the loops' order has a cycle")
+    return out
+
+
+def run_loop(loop: Loop, env: dict, lower_node, stacked: dict, stream):
+    """Compute `loop` with `jax.lax.scan`: read its inputs from `env` and put every value
+    read outside the loop into it. `lower_node(node, env)` lowers one op; `stacked` maps
+    id(array) -> (stacked array, layer) for values that are a layer of a loop's output."""
+    n = len(loop.layers)
+    first = n - 1 if loop.reverse else 0
+    carry_slots = {k[1]: s for s, k in enumerate(loop.kinds) if isinstance(k, tuple)}
+    init = tuple(env[loop.slots[carry_slots[p]][first]] for p in loop.carry)
+    xs_slots = [s for s, k in enumerate(loop.kinds) if k == "xs"]
+    index = _opaque_range(n)
+    xs = [_stack([env[v] for v in loop.slots[s]], stacked, index) for s in xs_slots]
+    draw_positions = sorted(loop.draws)
+    draws = [jnp.asarray(loop.draws[p], jnp.uint32) for p in draw_positions]
+    if draws:
+        stream.materialize()
+    body = loop.layers[0]
+
+    def step(carried, x):
+        xs_values, draw_values = x
+        slot_value = {}
+        for s, kind in enumerate(loop.kinds):
+            if kind == "shared":
+                slot_value[s] = env[loop.slots[s][0]]
+        for s, value in zip(xs_slots, xs_values):
+            slot_value[s] = value
+        carried_value = dict(zip(loop.carry, carried))
+        for s, kind in enumerate(loop.kinds):
+            if isinstance(kind, tuple):
+                slot_value[s] = carried_value[kind[1]]
+        draw_of = dict(zip(draw_positions, draw_values))
+        local = {}
+        for p, node in enumerate(body):
+            leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
+            leaves = [slot_value[loop.arg_slots[(p, j)]] if (p, j) in loop.arg_slots
+                      else local[leaf] if isinstance(leaf, fx.Node) else leaf
+                      for j, leaf in enumerate(leaves)]
+            args, kwargs = pytree.tree_unflatten(leaves, spec)
+            if p in draw_of:
+                stream.count = draw_of[p] - 1
+            local[node] = lower_node(node, args, kwargs)
+        return (tuple(local[body[p]] for p in loop.carry),
+                tuple(local[body[p]] for p in loop.ys))
+
+    final, ys = jax.lax.scan(step, init, (tuple(xs), tuple(draws)), reverse=loop.reverse)
+    stream.count = 0   # the body's count is the body trace's own; each draw sets it again
+    for p, value in zip(loop.ys, ys):
+        for k, layer in enumerate(loop.layers):
+            part = jax.lax.dynamic_index_in_dim(value, index[k], keepdims=False)
+            stacked[id(part)] = (value, k, part)
+            env[layer[p]] = part
+    last = 0 if loop.reverse else n - 1
+    for p, value in zip(loop.carry, final):
+        env[loop.layers[last][p]] = value
+
+
+def _opaque_range(n):
+    """0 .. n-1 as values XLA cannot see: a layer's part of a stacked array is then read
+    and written at an offset the kernel takes as an argument, so the kernels of all
+    layers (the optimizer's update of each layer's parameter, say) are one kernel, which
+    XLA's CPU backend compiles once; at constant offsets each layer had kernels of its own,
+    and compiling them cost more than the loop saved."""
+    return jax.lax.optimization_barrier(jnp.arange(n, dtype=jnp.int32))
+
+
+def _stack(values, stacked, index):
+    """The per-layer `values` as one array: a loop's stacked output when they are its
+    layers in order, else written layer by layer into a new one (at `index`' offsets)."""
+    sources = [stacked.get(id(v)) for v in values]
+    if all(s is not None and s[2] is v for s, v in zip(sources, values)) \
+            and all(s[0] is sources[0][0] and s[1] == k for k, s in enumerate(sources)) \
+            and sources[0][0].shape[0] == len(values):
+        return sources[0][0]
+    out = jnp.zeros((len(values), *jnp.shape(values[0])), jnp.result_type(values[0]))
+    for k, v in enumerate(values):
+        out = jax.lax.dynamic_update_index_in_dim(out, v, index[k], 0)
+    return out

@@ -1,0 +1,203 @@
+"""Identical layers compile as one loop (bridge.repeated_blocks, bridge.scan_blocks): the
+program equals the unrolled one and eager PyTorch; state stays owned by name."""
+import copy
+import logging
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import cerebras.pytorch as cstorch
+from bridge.repeated_blocks import find_runs
+from tests.models import rel_err
+
+DIM, HEADS, LAYERS, VOCAB, T = 16, 2, 3, 23, 8
+
+
+class Block(nn.Module):
+    """Pre-norm attention and MLP with dropout: a decoder layer in small."""
+
+    def __init__(self, dim=DIM, hidden=2 * DIM, p=0.0):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.ff1, self.ff2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, HEADS, d // HEADS).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / (d // HEADS) ** 0.5
+        att = att.masked_fill(torch.ones(t, t).tril() == 0, float("-inf"))
+        y = (self.drop(att.softmax(-1)) @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.drop(self.proj(y))
+        return x + self.drop(self.ff2(F.gelu(self.ff1(self.ln2(x)))))
+
+
+class Model(nn.Module):
+    def __init__(self, p=0.0, layers=LAYERS, blocks=None):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, DIM)
+        self.blocks = nn.ModuleList(blocks or [Block(p=p) for _ in range(layers)])
+        self.ln = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, idx):
+        x = self.tok(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def _loss(model, tokens):
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def _batches(n=3):
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randint(0, VOCAB, (2, T + 1), generator=gen) for _ in range(n)]
+
+
+def _groups(model, lr=1e-3):
+    """One param group per layer, each with its own learning rate, and one for the rest."""
+    layer_ids = {id(p) for p in model.blocks.parameters()}
+    groups = [{"params": list(b.parameters()), "lr": lr * (k + 1)}
+              for k, b in enumerate(model.blocks)]
+    return groups + [{"params": [p for p in model.parameters() if id(p) not in layer_ids]}]
+
+
+def _sgd(module, model):
+    # Not Adam, which divides by the gradients' size: rounding in a near-zero gradient
+    # (XLA fuses a loop's body otherwise than the same ops unrolled, and than eager) would
+    # move a parameter by a good part of a step.
+    return module.SGD(_groups(model, lr=0.05), lr=0.05, momentum=0.9)
+
+
+def _train(model, scan, batches, data_write=None):
+    """Losses, state and lowered StableHLO of the steps traced with scan_blocks=`scan`."""
+    before = cstorch.backends.csx.performance.scan_blocks
+    cstorch.backends.csx.performance.scan_blocks = scan
+    try:
+        cstorch.backend("CPU")
+        compiled = cstorch.compile(model)
+        optimizer = _sgd(cstorch.optim, model)
+
+        @cstorch.trace
+        def step(tokens):
+            loss = _loss(compiled, tokens)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        losses = []
+        for k, tokens in enumerate(batches):
+            if data_write is not None and k == 1:
+                data_write(model)
+            losses.append(step(tokens).detach().clone())
+        text = next(iter(step.programs.values()))[0].compiled.lowered.as_text()
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return torch.stack(losses), state, text, step.captures
+    finally:
+        cstorch.backends.csx.performance.scan_blocks = before
+
+
+def _whiles(text):
+    return len(re.findall(r"stablehlo\.while", text))
+
+
+def _dots(text):
+    return len(re.findall(r"stablehlo\.dot_general", text))
+
+
+def test_loop_equals_unrolled_program_with_dropout():
+    torch.manual_seed(0)
+    model = Model(p=0.2)
+    other = copy.deepcopy(model)
+    batches = _batches()
+    losses, state, text, _ = _train(model, True, batches)
+    ref_losses, ref_state, ref_text, _ = _train(other, False, batches)
+    # The same program: dropout draws the same masks, each layer its own.
+    assert rel_err(losses, ref_losses) < 1e-6
+    assert state.keys() == ref_state.keys()
+    for name in ref_state:
+        assert rel_err(state[name], ref_state[name]) < 1e-6, name
+    # One loop for the layers' forward ops and one for their gradients, each with the
+    # body of one layer, where the unrolled program has every layer's matrix products.
+    assert _whiles(text) == _whiles(ref_text) + 2
+    assert _dots(text) < _dots(ref_text)
+
+
+def test_loop_trains_as_eager_pytorch_with_per_layer_rates_and_data_writes():
+    torch.manual_seed(0)
+    model = Model()
+    reference = copy.deepcopy(model)
+    batches = _batches()
+
+    def write(m):   # a write through .data between steps reaches the next step
+        with torch.no_grad():
+            m.blocks[1].ff1.weight.data.mul_(0.5)
+
+    losses, state, text, captures = _train(model, True, batches, data_write=write)
+    assert _whiles(text) >= 2 and captures == 1
+    optimizer = _sgd(torch.optim, reference)
+    ref_losses = []
+    for k, tokens in enumerate(batches):
+        if k == 1:
+            write(reference)
+        loss = _loss(reference, tokens)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        ref_losses.append(loss.detach())
+    assert rel_err(losses, torch.stack(ref_losses)) < 1e-4
+    theirs = reference.state_dict()
+    assert list(state) == list(theirs)   # checkpoints name every layer's tensors as before
+    for name in theirs:
+        assert rel_err(state[name], theirs[name]) < 1e-4, name
+
+
+def test_a_hook_on_one_layer_unrolls_the_run(caplog):
+    torch.manual_seed(0)
+    model = Model()
+    reference = copy.deepcopy(model)
+    for m in (model, reference):
+        m.blocks[1].register_forward_hook(lambda mod, args, out: out * 0.5)
+    batches = _batches(2)
+    with caplog.at_level(logging.INFO, logger="bridge.scan"):
+        losses, state, text, _ = _train(model, True, batches)
+    assert "model.blocks.1 is not looped over with model.blocks.0" in caplog.text
+    assert "forward hooks differs (1 against 0)" in caplog.text
+    assert "one loop" not in caplog.text
+    optimizer = _sgd(torch.optim, reference)
+    for tokens, loss in zip(batches, losses):
+        ref = _loss(reference, tokens)
+        optimizer.zero_grad()
+        ref.backward()
+        optimizer.step()
+        assert rel_err(loss, ref.detach()) < 1e-4
+
+
+def test_layers_that_differ_are_not_a_run_and_say_why(caplog):
+    blocks = [Block(), Block(), Block(hidden=3 * DIM), Block(), Block()]
+    blocks[4].train(False)
+    model = Model(blocks=blocks)
+    with caplog.at_level(logging.INFO, logger="bridge.scan"):
+        runs = find_runs(model.named_modules())
+    assert [(r.name, r.first, len(r.modules)) for r in runs] == [("blocks", 0, 2)]
+    assert ("blocks.2 is not looped over with blocks.0: ff1: attribute 'out_features' "
+            "differs (48 against 32)") in caplog.text
+    assert "train/eval mode" in caplog.text
+
+
+def test_flag_is_checked_and_part_of_the_program_key():
+    with pytest.raises(TypeError, match="scan_blocks must be a bool"):
+        cstorch.backends.csx.performance.scan_blocks = "yes"
+    from cstorch.tracing.changes import describe_key_change
+    old = (None,) * 10 + (True,)
+    new = (None,) * 10 + (False,)
+    assert describe_key_change(old, new) == ["scan_blocks: True -> False"]
