@@ -12,7 +12,7 @@ import dataclasses
 import inspect
 import os
 import warnings
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import yaml
@@ -84,12 +84,14 @@ class Family:
     params: dict                   # the model's params before shrinking
     batches: Callable[[int, int], list]   # (steps, seed) -> batches
     overrides: dict = dataclasses.field(default_factory=dict)  # after shrinking
-    yaml: Optional[str] = None
+    yaml: str | None = None
     loss: Callable = None          # (model, batch) -> loss; default model(batch)
     keep: str = ""                 # the architecture switches, for the table
     autocast: bool = False         # its forward needs mixed precision (bfloat16)
     adjust: Callable = None        # params -> params, for sizes that must agree elsewhere
     sgd_lr: float = 0.1            # larger where the loss is scaled down (loss_weight)
+    # parameters whose gradient is zero but for float32 rounding (state-dict key suffixes)
+    noise_gradients: tuple = ()
 
     def model_class(self):
         module, cls = self.model.rsplit(".", 1)
@@ -316,7 +318,7 @@ GPT2 = {  # GPT-2 as Model Zoo documents it (it ships no YAML): learned position
     "nonlinearity": "gelu", "embd_pdrop": 0.0, "dropout_rate": 0.0,
     "attention_dropout_rate": 0.0}
 
-GPT_NEOX = {  # Model Zoo's GPT-NeoX documentation: rotary on a quarter of each head, untied
+GPT_NEOX = {  # GPT-NeoX as Model Zoo documents it: rotary on part of each head, untied norms
     "name": "gpt-neox", "position_embedding_type": "rotary", "rotary_dim": HEAD_DIM // 2,
     "use_untied_layer_norm": True, "share_embedding_weights": False,
     "use_bias_in_output": False, "nonlinearity": "gelu", "layer_norm_epsilon": 1e-5,
@@ -364,7 +366,7 @@ def ssl_batches(steps, seed):
 def projector_sizes(params):
     """LLaVA's projectors map the image model's width to the text model's; the image,
     MM_PATCHES patches, starts right after the first token."""
-    for name, projector in (params.get("projector") or {}).items():
+    for projector in (params.get("projector") or {}).values():
         projector.update(input_unit=HIDDEN, layers_units=[HIDDEN, HIDDEN])
     if "image_model" in params:
         params["image_model"]["image_size"] = [MM_IMAGE] * 2
@@ -454,13 +456,16 @@ FAMILIES = {f.name: f for f in [
           keep="rotary, token dropout, final LayerNorm, MLM only"),
     _yaml("dpr", "nlp/dpr/configs/params_dpr_base_nq.yaml",
           model="nlp.dpr.model.DPRWrapperModel", batches=dpr_batches,
+          # the last LayerNorm's bias shifts every embedding alike; the question-context
+          # scores' softmax ignores what it adds to all contexts of a question
+          noise_gradients=("encoder.transformer_encoder.layers.1.norm2.bias",),
           keep="bi-encoder BERTs, hard negatives, contrastive loss"),
     _yaml("t5", "nlp/t5/configs/t5_3B.yaml", model="nlp.t5.model.T5ForConditionalGenerationModel",
           batches=seq2seq_batches, overrides={"extra_ids": 0},
-          keep="relative position buckets, ReLU, shared embeddings"),
+          keep="relative position buckets, ReLU, LayerNorm, shared embeddings"),
     _yaml("transformer", "nlp/transformer/configs/transformer_base.yaml",
           model="nlp.transformer.model.TransformerModel", batches=seq2seq_batches,
-          keep="fixed sinusoidal positions, post-LN encoder-decoder"),
+          keep="fixed sinusoidal positions, ReLU, shared embeddings, batch-size loss scaling"),
     _yaml("vision_transformer",
           "vision/vision_transformer/configs/params_vit_base_patch_16_imagenet_1k.yaml",
           model="vision.vision_transformer.model.ViTClassificationWrapperModel",

@@ -88,14 +88,27 @@ def _numpy(state):
             for k, v in state.items() if v.is_floating_point()}
 
 
-def measure(result):
+def noise_keys(name, state):
+    """The family's parameters whose gradient is float32 rounding noise: AdamW scales a
+    noise gradient of 1e-8 up to a step of lr * 1e-8 / (1e-8 + eps), noise too, so only
+    the bound on an AdamW step (lr per step) holds between two runs."""
+    return [k for k in state if k.endswith(FAMILIES[name].noise_gradients)] \
+        if FAMILIES[name].noise_gradients else []
+
+
+def measure(name, result):
     """Worst relative differences: losses (elementwise), parameters (max |a - e| over the
-    tensor's largest value, the worst tensor named); and which parameters moved."""
+    tensor's largest value, the worst tensor named); the largest absolute difference in
+    the parameters of noise gradients; and which parameters moved."""
     losses, ref = np.asarray(result["losses"]), np.asarray(result["ref_losses"])
     loss_rel = float(np.max(np.abs(losses - ref) / np.maximum(np.abs(ref), 1e-30)))
     state, ref_state, initial = result["state"], result["ref_state"], result["initial"]
     assert sorted(state) == sorted(ref_state)
-    worst = max((max_rel(state[k], ref_state[k]), k) for k in ref_state)
+    noise = noise_keys(name, ref_state)
+    worst = max((max_rel(state[k], ref_state[k]), k) for k in ref_state if k not in noise)
+    noise_abs = max([float(np.max(np.abs(state[k] - ref_state[k]))) for k in noise],
+                    default=0.0)
     moved = [k for k in ref_state if max_rel(ref_state[k], initial[k]) > 1e-3]
     return {"loss_rel": loss_rel, "param_rel": worst[0], "param_key": worst[1],
-            "moved": len(moved), "params": len(ref_state), "finite": bool(np.isfinite(ref).all())}
+            "noise_abs": noise_abs, "moved": len(moved), "params": len(ref_state),
+            "finite": bool(np.isfinite(ref).all())}
