@@ -3,8 +3,8 @@ class, starting from one of the family's own params YAMLs (its architecture swit
 positions, norms, nonlinearities, attention variants, mixture of experts, ...) with only
 the sizes shrunk and dropout off, the batch its data processor yields, and its own loss.
 
-A family without a YAML in Model Zoo (gpt-neox, generic_image_encoders) starts from the
-config Model Zoo documents for it, written here as a dict.
+A family without a YAML in Model Zoo starts from a config written here: GPT-2 and GPT-NeoX
+as Model Zoo documents them, generic_image_encoders as a recipe of DINO's components.
 """
 import contextlib
 import copy
@@ -85,7 +85,6 @@ class Family:
     batches: Callable[[int, int], list]   # (steps, seed) -> batches
     overrides: dict = dataclasses.field(default_factory=dict)  # after shrinking
     yaml: str | None = None
-    loss: Callable = None          # (model, batch) -> loss; default model(batch)
     keep: str = ""                 # the architecture switches, for the table
     autocast: bool = False         # its forward needs mixed precision (bfloat16)
     adjust: Callable = None        # params -> params, for sizes that must agree elsewhere
@@ -138,7 +137,7 @@ class Family:
         batch = dict(batch) if isinstance(batch, dict) else batch
         amp = cstorch.amp.autocast() if self.autocast else contextlib.nullcontext()
         with amp, summaries():
-            return self.loss(model, batch) if self.loss else model(batch)
+            return model(batch)
 
 
 class _DiscardSummaries:
