@@ -13,7 +13,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from examples.train_gpt import next_token_loss
-from tests.foundation.models import TinyGPT
+from tests.models import TinyGPT
 
 # Several runs in one process, each on a backend of its own: each new backend replaces
 # the last, as in the test suite (a user's second backend is refused).

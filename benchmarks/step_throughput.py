@@ -56,8 +56,8 @@ def main():
         eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9)
 
         def eager_step(tokens):
-            loss = next_token_loss(eager_model, tokens)
-            update(loss, eager_model.parameters(), eager_opt)
+            loss = next_token_loss(eager_model, tokens)  # noqa: B023
+            update(loss, eager_model.parameters(), eager_opt)  # noqa: B023
             return loss
 
         cstorch.backend("CPU", artifact_dir=os.path.join("/tmp", "cstorch_bench_logs"))
@@ -67,8 +67,8 @@ def main():
 
         @cstorch.trace
         def traced_step(tokens):
-            loss = next_token_loss(compiled, tokens)
-            update(loss, model.parameters(), opt)
+            loss = next_token_loss(compiled, tokens)  # noqa: B023 (timed within this iteration)
+            update(loss, model.parameters(), opt)  # noqa: B023
             return loss
 
         eager = timed(eager_step, batches)

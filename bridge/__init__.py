@@ -6,8 +6,8 @@ from bridge.capture import CaptureStats, capture, capture_stats, decompositions
 from bridge.convert import (jax_to_tensor, numpy_to_tensor, tensor_to_input, tensor_to_jax,
                             tensor_to_numpy, to_jax_dtype, to_torch_dtype)
 from bridge.device_tensor import Absent, Cell, DeviceTensor
-from bridge.errors import LoweringError, TensorValueReadError
-from bridge.export import DynamicShapeError, to_jax
+from bridge.errors import DynamicShapeError, LoweringError, MicroBatchError, TensorValueReadError
+from bridge.export import to_jax
 from bridge.lower import check_lowerable, lower, missing_lowerings
 from bridge.ops import LOWERINGS, lowering
 from bridge.ops.sharding import MESH_LAYOUT, box_meshes
@@ -18,5 +18,6 @@ __all__ = [
     "missing_lowerings", "read_after_update", "LOWERINGS",
     "lowering", "LoweringError", "TensorValueReadError", "tensor_to_jax", "tensor_to_numpy",
     "jax_to_tensor", "numpy_to_tensor", "tensor_to_input", "Absent", "Cell", "DeviceTensor",
-    "to_jax_dtype", "to_torch_dtype", "to_jax", "DynamicShapeError", "box_meshes", "MESH_LAYOUT",
+    "to_jax_dtype", "to_torch_dtype", "to_jax", "DynamicShapeError", "MicroBatchError",
+    "box_meshes", "MESH_LAYOUT",
 ]

@@ -8,20 +8,16 @@ them: one pass over the user's code gives the functional core-ATen graph. The re
 pure function (inputs) -> (outputs) that `bridge.lower` turns into JAX.
 """
 import contextlib
-import contextvars
 import logging
 import os
 import sys
-import sysconfig
 import time
-import traceback
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
-from torch._decomp import core_aten_decompositions
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor,
@@ -31,10 +27,14 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
+from bridge import eager_errors
+from bridge.decomposition_table import decompositions
 from bridge.errors import (GRADIENT_OF, CaptureError, DataDependentShapeError,
                            TensorValueReadError)
-from bridge import eager_errors
+from bridge.lower import check_lowerable
 from bridge.ops.recurrent import route as route_recurrent
+from bridge.user_line import (NO_USER_FRAME, anchor_stack_traces, stack_trace, user_code,
+                              with_user_line)
 
 _Tensor = torch.Tensor
 # Every way Python code can look at a tensor's contents.
@@ -105,9 +105,9 @@ class _CaptureMode(TorchFunctionMode):
         # tensor internals that would bury them.
         meta = fx_traceback.get_current_meta() if fx_traceback.has_preserved_node_meta() else {}
         outer_trace = meta.get("stack_trace")
-        own_trace = outer_trace is None or outer_trace == _NO_USER_FRAME
+        own_trace = outer_trace is None or outer_trace == NO_USER_FRAME
         if own_trace:
-            meta["stack_trace"] = _stack_trace() or _NO_USER_FRAME
+            meta["stack_trace"] = stack_trace() or NO_USER_FRAME
         try:
             if func in _BACKWARD_CALLS:
                 return _backward(func, args, kwargs, self.hint)
@@ -186,131 +186,6 @@ class _Functionalise(FunctionalTensorMode):
 
 
 _VALUE_CHECKS = {torch.ops.aten._linalg_check_errors.default}
-
-
-def _stack_trace() -> str:
-    """The stack trace make_fx would record for the nodes of the torch call being handled,
-    from one walk over the frames, where make_fx would extract and symbolise the whole
-    stack again for every node it creates. The frames kept are those make_fx keeps:
-    `forward` methods, `torch/__init__.py` and registered anchors (the step function), less
-    frames of torch's tracing machinery (`_machinery`). Every node the call creates (a
-    composite op's parts, a backward's ops) then carries the call's trace, as
-    `preserve_node_meta` hands `stack_trace` to new nodes."""
-    anchors = _STACK_TRACE_ANCHORS
-    kept = []
-    frame = sys._getframe(2)
-    while frame is not None:
-        code = frame.f_code
-        if (code.co_name == "forward" or code.co_filename.endswith(_TORCH_INIT)
-                or (code.co_filename, code.co_name) in anchors):
-            kept.append((code.co_filename, frame.f_lineno, code.co_name))
-        frame = frame.f_back
-    key = tuple(f for f in reversed(kept) if not _machinery(f[0]))
-    text = _formatted_traces.get(key)
-    if text is None:
-        summary = traceback.StackSummary.from_list([traceback.FrameSummary(*f) for f in key])
-        text = _formatted_traces[key] = "".join(summary.format()).strip()
-    return text
-
-
-_TORCH_INIT = os.path.join("torch", "__init__.py")
-_TORCH = os.path.dirname(torch.__file__)
-_MACHINERY_DIRS = tuple(os.path.join(_TORCH, d, "") for d in (
-    "_dynamo", "_higher_order_ops", "_inductor", "_library", "_logging", "_subclasses",
-    "export", "fx"))
-_MACHINERY_FILES = frozenset({os.path.join(_TORCH, "__init__.py"),
-                              os.path.join(_TORCH, "_compile.py"), "<string>"})
-
-
-def _machinery(filename: str) -> bool:
-    """Whether a frame of `filename` is torch's tracing machinery, never the user's code.
-    make_fx asks torch's `uninteresting_files()`, whose list takes importing
-    torch._inductor and torch.export to build (about 0.23 s of a process's first step);
-    every file of that list lies in these folders or files."""
-    return filename in _MACHINERY_FILES or filename.startswith(_MACHINERY_DIRS)
-
-
-try:
-    from torch.fx.proxy import _STACK_TRACE_ANCHORS
-except ImportError:  # a torch without anchors: make_fx keeps `forward` frames only
-    _STACK_TRACE_ANCHORS = frozenset()
-_formatted_traces: dict = {}
-# The stack trace of a node no frame of the user's code made (a graph input, or an op of a
-# step defined in `python -c` or `exec`'d code, whose frames are `<string>`). make_fx
-# extracts and symbolises the whole stack itself for any node without a trace, to find
-# the same nothing (0.5 s of gpt-small's capture from `python -c`). Removed afterwards.
-_NO_USER_FRAME = "<no user frame>"
-
-
-# The capture in progress: the code objects of the user's function (its frames and those
-# it calls are the user's; the frames above it are the capture's own) and the folders of
-# library code, whose frames are never the user's line.
-_user_code = contextvars.ContextVar("bridge_user_code", default=None)
-_BRIDGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
-_LIBRARY = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in
-                  ("stdlib", "platstdlib", "purelib", "platlib")} | {_BRIDGE_DIR, "<frozen "})
-
-
-def user_source() -> str | None:
-    """The user's frames at this point of the capture in progress, outermost first, as a
-    traceback prints them; None outside a capture or when no frame of the user's code is
-    on the stack."""
-    if _user_code.get() is None:
-        return None
-    codes, library = _user_code.get()
-    library = _LIBRARY + library
-    frames = []
-    frame = sys._getframe(1)
-    while frame is not None:
-        frames.append(frame)
-        frame = frame.f_back
-    outer = max((i for i, f in enumerate(frames) if f.f_code in codes), default=None)
-    if outer is None:
-        # Not inside the user's function (a torch hook, say): its innermost own frame.
-        frames = [next((f for f in frames if not f.f_code.co_filename.startswith(library)), None)]
-    else:
-        frames = frames[outer::-1]
-    frames = [f for f in frames if f is not None and not f.f_code.co_filename.startswith(library)]
-    if not frames:
-        return None
-    summary = traceback.StackSummary.extract((f, f.f_lineno) for f in frames)
-    return "".join(summary.format()).rstrip()
-
-
-def with_user_line(message: str) -> str:
-    """`message` followed by the user's line it is about, when a capture is in progress,
-    and by the line of an installed library's code (`torch.nn`'s, say) that the user's line
-    led to, when that is where it happened."""
-    source = user_source()
-    if not source:
-        return message
-    inner = _library_line()
-    return f"{message}\nIn the step, at:\n{source}" + (
-        f"\nwhich led to this line of library code:\n{inner}" if inner else "")
-
-
-# torch's own dispatch of a call (a `__torch_function__` mode, `Tensor` methods written
-# in Python): never the line that did something.
-_DISPATCH_FILES = frozenset(os.path.join(_TORCH, f) for f in (
-    "overrides.py", "_tensor.py", "_ops.py", os.path.join("utils", "_python_dispatch.py"),
-    os.path.join("utils", "_device.py"), "_compile.py"))
-
-
-def _library_line() -> str | None:
-    """Where the torch call being handled was made, as a traceback prints it, when that is
-    an installed library's code (not torch's dispatch machinery, not this project's
-    packages); None when the user's own code made it."""
-    codes, library = _user_code.get()
-    own = (_BRIDGE_DIR,) + tuple(library)
-    frame = sys._getframe(2)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not (name.startswith(own) or name in _DISPATCH_FILES or _machinery(name)):
-            break
-        frame = frame.f_back
-    if frame is None or frame.f_code in codes or not frame.f_code.co_filename.startswith(_LIBRARY):
-        return None
-    return "".join(traceback.StackSummary.extract([(frame, frame.f_lineno)]).format()).rstrip()
 
 
 def _name_of(func) -> str:
@@ -454,32 +329,6 @@ def _point_gradients_at_forward(gm: fx.GraphModule):
             del node.meta["custom"][GRADIENT_OF]
 
 
-def decompositions():
-    """The decomposition table captured graphs are reduced with.
-
-    The core-ATen table, plus PyTorch's other decompositions for ops that have no lowering
-    of their own (upsampling, grid sampling, `addmv`, ...): reusing PyTorch's rules beats
-    hand-writing them, and an op with a lowering is never decomposed further.
-    """
-    from torch._decomp import decomposition_table
-    from bridge.ops import LOWERINGS
-    # Building the table takes about half of a small capture; it changes only when the
-    # set of lowerings does (the registry only adds, and refuses a second registration).
-    stamp = len(LOWERINGS)
-    if _decompositions[0] == stamp:
-        return _decompositions[1]
-    table = core_aten_decompositions()
-    for op in _WRONG_DECOMPOSITIONS + _KEPT_WHOLE:
-        if op in LOWERINGS:
-            table.pop(op, None)
-    for op, fn in decomposition_table.items():
-        if (op not in table and op not in LOWERINGS and isinstance(op, torch._ops.OpOverload)
-                and "out" not in op._overloadname and not op.name().endswith("_")):
-            table[op] = fn
-    _decompositions[:] = [stamp, table]
-    return table
-
-
 @dataclass
 class CaptureStats:
     """Time this process spent capturing: `tracing_seconds` running functions on fake
@@ -490,16 +339,6 @@ class CaptureStats:
 
 
 capture_stats = CaptureStats()
-
-_decompositions = [None, None]   # [len(LOWERINGS) it was built for, the table]
-
-# Core-ATen decompositions that compute something else than the op: the op's own lowering
-# is used instead. multilabel_margin_loss_forward's also counts a frame's targets after
-# its first -1, which end the frame's target list.
-_WRONG_DECOMPOSITIONS = (torch.ops.aten.multilabel_margin_loss_forward.default,)
-# Core-ATen decompositions whose op is cheaper lowered whole: CPU flash attention's
-# forward and backward lowerings share the softmax (bridge/ops/attention.py).
-_KEPT_WHOLE = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,)
 
 
 def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
@@ -548,8 +387,8 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
             outs = list(fn(*wrapped))
         return [_unwrap(o) for o in outs]
 
-    code = _anchor_stack_traces(user_fn if user_fn is not None else fn)
-    token = _user_code.set((frozenset([code] if code else []),
+    code = anchor_stack_traces(user_fn if user_fn is not None else fn)
+    token = user_code.set((frozenset([code] if code else []),
                             tuple(os.path.join(os.path.abspath(d), "") for d in library)))
     capture_stats.captures += 1
     start = time.perf_counter()
@@ -560,7 +399,7 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
         with fake_mode, _CaptureMode(value_read_hint, tensor_hook), \
                 fx_traceback.preserve_node_meta(), torch.enable_grad(), _compiling(), \
                 _fake_tensor_log_quiet():
-            fx_traceback.get_current_meta()["stack_trace"] = _NO_USER_FRAME
+            fx_traceback.get_current_meta()["stack_trace"] = NO_USER_FRAME
             # A lazy graph module generates its Python code only when the code is read or
             # called (the graph's artifact, a recapture's comparison); lowering reads the
             # nodes. make_fx and the clean-up below would each generate it.
@@ -571,17 +410,16 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
                 graph = make_fx(functional_fn, decomposition_table=table,
                                 record_stack_traces=True)(*fakes)
         for node in graph.graph.nodes:
-            if node.meta.get("stack_trace") == _NO_USER_FRAME:
+            if node.meta.get("stack_trace") == NO_USER_FRAME:
                 del node.meta["stack_trace"]
         _point_gradients_at_forward(graph)
         _drop_profiler_ops(graph)
         graph.graph.eliminate_dead_code()
         graph.recompile()
     finally:
-        _user_code.reset(token)
+        user_code.reset(token)
         capture_stats.tracing_seconds += time.perf_counter() - start
     if check_lowerings:
-        from bridge.lower import check_lowerable
         check_lowerable(graph)
     return graph
 
@@ -619,28 +457,6 @@ def _compiling():
         yield
     finally:
         torch.compiler._is_compiling_flag = before
-
-
-def _anchor_stack_traces(fn):
-    """Make the tracer keep `fn`'s frames in each node's stack trace.
-
-    make_fx records only frames named `forward` (nn.Module code) unless a function is
-    registered as an anchor; a step function is not a `forward`, and without its frames an
-    error about an op could not point at the user's line. Returns `fn`'s code object.
-    """
-    target = getattr(fn, "__func__", fn)
-    if not hasattr(target, "__code__"):
-        target = getattr(type(fn), "__call__", None)
-    while hasattr(target, "__wrapped__") and not hasattr(target, "__code__"):
-        target = target.__wrapped__
-    if not hasattr(target, "__code__"):
-        return None
-    try:
-        from torch.fx.proxy import _register_stack_trace_anchor
-    except ImportError:  # a torch without anchors: traces keep `forward` frames only
-        return target.__code__
-    _register_stack_trace_anchor(target)
-    return target.__code__
 
 
 def _drop_profiler_ops(gm: fx.GraphModule):

@@ -45,7 +45,7 @@ def to_jax_dtype(dtype: torch.dtype):
         raise TypeError(f"torch dtype {dtype} has no JAX equivalent") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jax_dtype(dtype, x64):
     return jax.dtypes.canonicalize_dtype(_TORCH_TO_NUMPY[dtype])
 
@@ -54,11 +54,18 @@ def to_torch_dtype(dtype) -> torch.dtype:
     return _NUMPY_TO_TORCH[np.dtype(dtype)]
 
 
+class DeviceBacked:
+    """A tensor whose value lives in a device array (`bridge.device_tensor.DeviceTensor`),
+    as the conversions here see it: `host()` copies its value to the host, `cell.array`
+    is its array unless `is_view`. A base class here, so that this module, which the
+    device tensor builds on, need not import it."""
+    __slots__ = ()
+
+
 def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
     """The values of `t` as a host numpy array of `t`'s own dtype (bfloat16 as
     `ml_dtypes.bfloat16`). May share memory with `t`; a device tensor is copied to the host."""
-    from bridge.device_tensor import DeviceTensor
-    if isinstance(t, DeviceTensor):
+    if isinstance(t, DeviceBacked):
         t = t.host()
     t = t.detach()
     if t.device.type != "cpu":
@@ -104,8 +111,7 @@ def _private_jax_numpy(t: torch.Tensor) -> np.ndarray:
 def tensor_to_jax(t: torch.Tensor, sharding=None) -> jax.Array:
     """`t` as a JAX array (laid out by `sharding` when given). A device tensor gives its
     own array; a host tensor is copied to the device."""
-    from bridge.device_tensor import DeviceTensor
-    if isinstance(t, DeviceTensor) and not t.is_view:
+    if isinstance(t, DeviceBacked) and not t.is_view:
         a = t.cell.array
         return a if sharding is None or a.sharding == sharding else jax.device_put(a, sharding)
     host = _private_jax_numpy(t)
@@ -125,8 +131,7 @@ def tensor_to_input(t: torch.Tensor):
             return t.numpy().copy()
         if t.dtype is torch.int64 and not jax.config.jax_enable_x64:
             return t.numpy().astype(np.int32)
-    from bridge.device_tensor import DeviceTensor
-    if isinstance(t, DeviceTensor) and not t.is_view:
+    if isinstance(t, DeviceBacked) and not t.is_view:
         return t.cell.array
     return _private_jax_numpy(t)
 

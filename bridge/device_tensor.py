@@ -15,7 +15,7 @@ import jax
 import torch
 import torch.utils._pytree as pytree
 
-from bridge.convert import jax_to_tensor, tensor_to_jax, tensor_to_numpy
+from bridge.convert import DeviceBacked, jax_to_tensor, tensor_to_jax, tensor_to_numpy
 
 _aten = torch.ops.aten
 _ALIASES = {_aten.detach.default, _aten.alias.default}
@@ -168,7 +168,7 @@ class HostReads:
         return value.__reduce_ex__(protocol)
 
 
-class DeviceTensor(HostReads, torch.Tensor):
+class DeviceTensor(HostReads, DeviceBacked, torch.Tensor):
     """A torch tensor whose value is the JAX array in `cell`, seen through `view` (a chain
     of ATen view ops, empty for the whole value)."""
 

@@ -2,6 +2,7 @@
 
 # Key in `node.meta["custom"]` of the graph nodes a backward pass recorded: the `seq_nr`
 # of the forward op they differentiate, whose stack trace the node then carries.
+
 GRADIENT_OF = "bridge_gradient_of"
 
 
@@ -37,3 +38,11 @@ class IndexOutOfRangeError(IndexError, RuntimeError):
     """A step was given an index out of its tensor's range (a class target, an embedding
     id, a gather index), which eager PyTorch refuses with an IndexError or a
     RuntimeError: this is both."""
+
+
+class DynamicShapeError(ValueError):
+    """The exported program has a symbolic (dynamic) dimension, which bridge does not lower."""
+
+
+class MicroBatchError(ValueError):
+    """A step that cannot be split into micro-batches as written."""

@@ -5,7 +5,8 @@ then its graph goes through `bridge.lower` like a captured step. Parameters, buf
 lifted constants leave the program as one dict of JAX arrays keyed by their state-dict
 names, so a JAX user can jit, grad or shard the function over them.
 """
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import torch
@@ -15,11 +16,8 @@ from torch.utils import _pytree as pytree
 
 from bridge.capture import capture, decompositions
 from bridge.convert import tensor_to_jax
+from bridge.errors import DynamicShapeError
 from bridge.lower import check_lowerable, lower
-
-
-class DynamicShapeError(ValueError):
-    """The exported program has a symbolic (dynamic) dimension, which bridge does not lower."""
 
 
 def _refuse_dynamic_dims(ep: ExportedProgram):

@@ -13,7 +13,7 @@ PyTorch computes them on the CPU.
 import contextlib
 import contextvars
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,16 +23,16 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 
 @dataclass(frozen=True)
 class MatmulPolicy:
-    operands: Optional[Any] = None
-    result: Optional[Any] = None
+    operands: Any | None = None
+    result: Any | None = None
 
 
-_policy: contextvars.ContextVar[Optional[MatmulPolicy]] = contextvars.ContextVar(
+_policy: contextvars.ContextVar[MatmulPolicy | None] = contextvars.ContextVar(
     "bridge_matmul_policy", default=None)
 
 
 @contextlib.contextmanager
-def matmul_policy(policy: Optional[MatmulPolicy]):
+def matmul_policy(policy: MatmulPolicy | None):
     """Lower matmuls and convolutions under `policy` while inside."""
     token = _policy.set(policy)
     try:

@@ -15,12 +15,15 @@ the next, its final value), "concat" (per-sample values, joined back into the ba
 "last". Running the parts and combining is the caller's business (`wafer.micro_batch`).
 """
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 import torch.fx as fx
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from bridge.errors import MicroBatchError
 from bridge.ops.registry import lowering
+from bridge.user_line import with_user_line
 
 
 @torch.library.custom_op("bridge::micro_batch_boundary", mutates_args=())
@@ -42,10 +45,6 @@ def _boundary(grads):
     return list(grads)
 
 
-class MicroBatchError(ValueError):
-    """A step that cannot be split into micro-batches as written."""
-
-
 @dataclass
 class _Marker:
     params: list
@@ -55,18 +54,10 @@ class _Marker:
 _active: list = []   # the parameters whose gradients backward() marks, innermost last
 
 
-def _at_user_line(message):
-    try:
-        from bridge.capture import with_user_line
-    except ImportError:   # a capture without user-line reporting
-        return message
-    return with_user_line(message)
-
-
 def _marking_backward(original):
     def backward(*args, **kwargs):
         if _active and _active[-1].stepped:
-            raise MicroBatchError(_at_user_line(
+            raise MicroBatchError(with_user_line(
                 "with micro-batching, loss.backward() is called after optimizer.step() in "
                 "the same step; only what follows the last backward() runs once on the "
                 "combined gradients, so an earlier optimizer step would run once per "
@@ -91,7 +82,6 @@ class mark_gradients:
         self.marker = _Marker(list(params))
 
     def __enter__(self):
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
         if not _active:
             self.original = torch.autograd.backward
             torch.autograd.backward = _marking_backward(self.original)
@@ -169,83 +159,131 @@ def split_at_gradients(gm: fx.GraphModule, batch: Sequence[int], carried: Mappin
     without a boundary (a step without `backward()`) everything that reads the batch runs
     per micro-batch.
     """
-    nodes = list(gm.graph.nodes)
-    order = {n: i for i, n in enumerate(nodes)}
-    placeholders = [n for n in nodes if n.op == "placeholder"]
-    output = next(n for n in nodes if n.op == "output")
-    outs = list(output.args[0])
-    batch_nodes = {placeholders[i] for i in batch}
-    cuts = [n for n in nodes if n.op == "call_function" and n.target is BOUNDARY]
-    cut = cuts[-1] if cuts else None
-    calls = [n for n in nodes if n.op == "call_function"]
+    part = _Partition.of(gm, batch, carried)
+    crossings = _Crossings(part, micro)
+    if part.cut is not None:
+        for x in _inputs(part.cut):
+            if part.per_micro(x):
+                crossings.for_once(x, part.cut, gradient=True)
+    crossings.for_outputs(carried)
+    once_nodes = [n for n in part.calls if n not in part.per_mb]
+    for n in once_nodes:
+        for x in _inputs(n):
+            if part.per_micro(x):
+                crossings.for_once(x, n)
 
-    after_cut = set()
-    reads_batch = set(batch_nodes)   # per-sample data flows here; the cut combines it away
-    for n in calls:
-        ins = _inputs(n)
-        if n is cut or any(x in after_cut for x in ins):
-            after_cut.add(n)
-        if n is not cut and any(x in reads_batch for x in ins):
-            reads_batch.add(n)
+    first = _subgraph(gm, part.placeholders, [n for n in part.calls if n in part.per_mb], {},
+                      crossings.sources, None)
+    second = _subgraph(gm, part.placeholders, once_nodes, crossings.use_in_once, part.outs,
+                       crossings.use_in_output, n_crossings=len(crossings.crossings))
+    return Split(first, second, crossings.crossings, crossings.concatenated)
 
-    per_mb = {n for n in calls if (cut is not None and order[n] < order[cut])
-              or (n in reads_batch and n not in after_cut)}
-    stack = list(per_mb)
-    while stack:
-        for x in _inputs(stack.pop()):
-            if x.op == "call_function" and x not in per_mb:
-                per_mb.add(x)
-                stack.append(x)
 
-    carried_at = {}   # placeholder -> the per-micro-batch node holding its next value
-    for pos, ph in carried.items():
-        value = outs[pos]
-        if isinstance(value, fx.Node) and value in per_mb:
-            carried_at[placeholders[ph]] = value
-    if len(cuts) > 1:
-        _refuse_updates_between_backwards(cuts[:-1], carried_at, calls)
+@dataclass
+class _Partition:
+    """Which nodes of a captured step run per micro-batch (`per_mb`: everything before
+    the last gradient boundary, and what reads the batch without passing the boundary) and
+    which run once on the combined gradients (the rest)."""
+    placeholders: list
+    outs: list
+    batch_nodes: set
+    cut: fx.Node | None       # the last gradient boundary
+    calls: list
+    reads_batch: set          # nodes per-sample data flows into
+    per_mb: set
+    carried_at: dict          # placeholder -> the per-micro-batch node holding its next value
+    varies: set               # nodes whose value differs between micro-batches
 
-    # Whether a value differs between micro-batches: it reads the batch, carried state or
-    # random numbers (each micro-batch draws its own).
-    varies = set(batch_nodes) | set(carried_at)
-    for n in calls:
-        if (torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
-                or any(x in varies for x in _inputs(n))):
-            varies.add(n)
+    @classmethod
+    def of(cls, gm, batch, carried) -> "_Partition":
+        nodes = list(gm.graph.nodes)
+        order = {n: i for i, n in enumerate(nodes)}
+        placeholders = [n for n in nodes if n.op == "placeholder"]
+        output = next(n for n in nodes if n.op == "output")
+        outs = list(output.args[0])
+        batch_nodes = {placeholders[i] for i in batch}
+        cuts = [n for n in nodes if n.op == "call_function" and n.target is BOUNDARY]
+        cut = cuts[-1] if cuts else None
+        calls = [n for n in nodes if n.op == "call_function"]
 
-    crossings: list[Crossing] = []
-    sources: list[fx.Node] = []
-    index: dict = {}
+        after_cut = set()
+        reads_batch = set(batch_nodes)   # per-sample data flows here; the cut combines it away
+        for n in calls:
+            ins = _inputs(n)
+            if n is cut or any(x in after_cut for x in ins):
+                after_cut.add(n)
+            if n is not cut and any(x in reads_batch for x in ins):
+                reads_batch.add(n)
 
-    def cross(node, mode, carried_ph=None):
+        per_mb = {n for n in calls if (cut is not None and order[n] < order[cut])
+                  or (n in reads_batch and n not in after_cut)}
+        stack = list(per_mb)
+        while stack:
+            for x in _inputs(stack.pop()):
+                if x.op == "call_function" and x not in per_mb:
+                    per_mb.add(x)
+                    stack.append(x)
+
+        carried_at = {}
+        for pos, ph in carried.items():
+            value = outs[pos]
+            if isinstance(value, fx.Node) and value in per_mb:
+                carried_at[placeholders[ph]] = value
+        if len(cuts) > 1:
+            _refuse_updates_between_backwards(cuts[:-1], carried_at, calls)
+
+        # Whether a value differs between micro-batches: it reads the batch, carried state
+        # or random numbers (each micro-batch draws its own).
+        varies = set(batch_nodes) | set(carried_at)
+        for n in calls:
+            if (torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
+                    or any(x in varies for x in _inputs(n))):
+                varies.add(n)
+        return cls(placeholders, outs, batch_nodes, cut, calls, reads_batch, per_mb,
+                   carried_at, varies)
+
+    def per_micro(self, node) -> bool:
+        return node in self.per_mb or node in self.batch_nodes
+
+
+class _Crossings:
+    """The values the per-micro-batch part hands to the once-per-step part, and how each
+    is combined across micro-batches."""
+
+    def __init__(self, part: _Partition, micro: int):
+        self.part, self.micro = part, micro
+        self.crossings: list[Crossing] = []
+        self.sources: list[fx.Node] = []
+        self._index: dict = {}
+        self.use_in_once: dict = {}     # node -> the crossing once-per-step nodes read
+        self.use_in_output: dict = {}   # output position -> the crossing it is
+        self.concatenated: list = []
+        # placeholder -> its "carry" crossing
+        self.carry_index = {ph: self.cross(value, "carry", part.placeholders.index(ph))
+                            for ph, value in part.carried_at.items()}
+        self.carry_of = {value: self.carry_index[ph] for ph, value in part.carried_at.items()}
+
+    def cross(self, node, mode, carried_ph=None):
         """The crossing handing on `node` in `mode`: one per node and mode, except that
         each carried placeholder has its own (two cells may take the same new value)."""
         key = (node, mode, carried_ph)
-        if key not in index:
+        if key not in self._index:
             val = _val(node)
-            index[key] = len(crossings)
+            self._index[key] = len(self.crossings)
             shape, dtype = (tuple(val.shape), val.dtype) if val is not None else ((), torch.float32)
-            crossings.append(Crossing(mode, shape, dtype, carried_ph))
-            sources.append(node)
-        return index[key]
+            self.crossings.append(Crossing(mode, shape, dtype, carried_ph))
+            self.sources.append(node)
+        return self._index[key]
 
-    carry_index = {}   # placeholder -> its "carry" crossing
-    for ph, value in carried_at.items():
-        carry_index[ph] = cross(value, "carry", placeholders.index(ph))
-    carry_of = {value: carry_index[ph] for ph, value in carried_at.items()}
-
-    def per_micro(node):
-        return node in per_mb or node in batch_nodes
-
-    use_in_once: dict = {}
-
-    def for_once(node, consumer, gradient=False):
+    def for_once(self, node, consumer, gradient=False):
         """The crossing a once-per-step node reads for per-micro-batch `node`."""
-        if node not in use_in_once:
+        part = self.part
+        if node not in self.use_in_once:
             val = _val(node)
-            per_sample = (node in reads_batch and val is not None and val.ndim >= 1
-                          and val.shape[0] == micro and node not in carry_of and not gradient)
-            if node in batch_nodes or per_sample:
+            per_sample = (node in part.reads_batch and val is not None and val.ndim >= 1
+                          and val.shape[0] == self.micro and node not in self.carry_of
+                          and not gradient)
+            if node in part.batch_nodes or per_sample:
                 raise MicroBatchError(
                     f"with micro-batching, per-sample values of the batch (shape "
                     f"{tuple(val.shape) if val is not None else '?'}) are used after "
@@ -254,12 +292,12 @@ def split_at_gradients(gm: fx.GraphModule, batch: Sequence[int], carried: Mappin
                     "runs once on the combined gradients, where no single micro-batch's samples "
                     "exist: compute what needs the batch before loss.backward(), or set "
                     "cstorch.backends.csx.performance.micro_batch_size = None")
-            if node in carry_of:
-                use_in_once[node] = carry_of[node]
-            elif node not in varies:
-                use_in_once[node] = cross(node, "last")
+            if node in self.carry_of:
+                self.use_in_once[node] = self.carry_of[node]
+            elif node not in part.varies:
+                self.use_in_once[node] = self.cross(node, "last")
             elif _is_float(val):
-                use_in_once[node] = cross(node, "mean")
+                self.use_in_once[node] = self.cross(node, "mean")
             else:
                 raise MicroBatchError(
                     f"with micro-batching, a non-float value "
@@ -269,42 +307,27 @@ def split_at_gradients(gm: fx.GraphModule, batch: Sequence[int], carried: Mappin
                     "(by their mean); compute it after backward() from values that do not "
                     "depend on the batch, or set "
                     "cstorch.backends.csx.performance.micro_batch_size = None")
-        return use_in_once[node]
+        return self.use_in_once[node]
 
-    if cut is not None:
-        for x in _inputs(cut):
-            if per_micro(x):
-                for_once(x, cut, gradient=True)
-
-    use_in_output: dict = {}
-    concatenated = []
-    for pos, value in enumerate(outs):
-        if not isinstance(value, fx.Node) or not per_micro(value):
-            continue
-        val = _val(value)
-        if pos in carried and placeholders[carried[pos]] in carry_index:
-            use_in_output[pos] = carry_index[placeholders[carried[pos]]]
-        elif value not in varies:
-            use_in_output[pos] = cross(value, "last")
-        elif val is not None and val.ndim >= 1 and val.shape[0] == micro and value in reads_batch:
-            use_in_output[pos] = cross(value, "concat")
-            concatenated.append(pos)
-        elif _is_float(val):
-            use_in_output[pos] = cross(value, "mean")
-        else:
-            use_in_output[pos] = cross(value, "last")
-
-    once_nodes = [n for n in calls if n not in per_mb]
-    for n in once_nodes:
-        for x in _inputs(n):
-            if per_micro(x):
-                for_once(x, n)
-
-    first = _subgraph(gm, placeholders, [n for n in calls if n in per_mb], {},
-                      [sources[i] for i in range(len(crossings))], None)
-    second = _subgraph(gm, placeholders, once_nodes, use_in_once, outs, use_in_output,
-                       n_crossings=len(crossings))
-    return Split(first, second, crossings, concatenated)
+    def for_outputs(self, carried):
+        """The crossing of each step output computed per micro-batch."""
+        part = self.part
+        for pos, value in enumerate(part.outs):
+            if not isinstance(value, fx.Node) or not part.per_micro(value):
+                continue
+            val = _val(value)
+            if pos in carried and part.placeholders[carried[pos]] in self.carry_index:
+                self.use_in_output[pos] = self.carry_index[part.placeholders[carried[pos]]]
+            elif value not in part.varies:
+                self.use_in_output[pos] = self.cross(value, "last")
+            elif (val is not None and val.ndim >= 1 and val.shape[0] == self.micro
+                  and value in part.reads_batch):
+                self.use_in_output[pos] = self.cross(value, "concat")
+                self.concatenated.append(pos)
+            elif _is_float(val):
+                self.use_in_output[pos] = self.cross(value, "mean")
+            else:
+                self.use_in_output[pos] = self.cross(value, "last")
 
 
 def _refuse_updates_between_backwards(early_cuts, carried_at, calls):

@@ -2,24 +2,29 @@
 
 This module is a face: it re-exports the public names, which live in the modules below.
 """
+import sys
+
 from cstorch import amp, backends, distributed, metrics, optim, utils
 from cstorch import cirh, core, experimental, lib, nn, profiler
-from cstorch import numpy, sparse
 from cstorch import mesh
+from cstorch import numpy, sparse
 from cstorch.backend import backend, current_backend, current_torch_device, use_cs
 from cstorch.compile import compile
-from cstorch.decompositions import register_decomposition
 from cstorch.core import (add_debug_name, current_pol, get_debug_name, make_constant, name_scope,
                           pol)
-from cstorch.storage import load, save
+from cstorch.decompositions import register_decomposition
 from cstorch.storage import full, full_like, ones, ones_like, zeros, zeros_like
+from cstorch.storage import load, save
 from cstorch.summaries import summarize_scalar, summarize_tensor
 from cstorch.tracing import JaxStep, TracedStep
 from cstorch.utils.data.executor import current_executor
 from cstorch.utils.numpy import from_numpy, to_numpy
 from cstorch.utils.step_closures import checkpoint_closure, step_closure
+from cstorch.version import __version__ as __version__
 
-__version__ = "0.1.0"
+# The reference's `cerebras.pytorch.nn.functional` has the package as an attribute; set
+# here, since the module importing its own parent package would be an import cycle.
+nn.functional.cstorch = sys.modules[__name__]
 
 # True only while documentation is generated (never here); Model Zoo checks it to swap in
 # stand-ins for classes that need a live cluster.

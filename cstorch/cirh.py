@@ -5,7 +5,7 @@ Here each is a short composition of static-shape torch ops that computes the sam
 result, traceable into a compiled step. They are meant for inference under
 `torch.no_grad()`.
 """
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 import torch
 
@@ -32,8 +32,8 @@ def FusedTopK(input: torch.Tensor, k: int, dimension: int = -1) -> TopK:
     return TopK(values, indices)
 
 
-def FusedTopP(topk: TopK, p: Union[torch.Tensor, float], u: torch.Tensor,
-              k: Union[torch.Tensor, int, None] = None) -> torch.Tensor:
+def FusedTopP(topk: TopK, p: torch.Tensor | float, u: torch.Tensor,
+              k: torch.Tensor | int | None = None) -> torch.Tensor:
     """Sample one index per row from the output of `FusedTopK` (over its last dimension),
     by top-k then top-p (nucleus) filtering, with the caller's uniform random numbers.
 

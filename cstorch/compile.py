@@ -1,13 +1,14 @@
 """`cstorch.compile(model)`: hand a module's state to the backend."""
 import sys
 import time
-from typing import Optional, Union
 
 import torch
 from tqdm.auto import tqdm
 
+from cstorch.amp import autocast
 from cstorch.backend import (Backend, BackendType, backend as make_backend,
                              current_backend_impl, current_or_cpu_backend)
+from cstorch.notices import inform
 
 
 class CompiledModule:
@@ -23,7 +24,6 @@ class CompiledModule:
 
     def __call__(self, *args, **kwargs):
         if self.backend.params.get("mixed_precision"):
-            from cstorch.amp import autocast
             with autocast():
                 return self.module(*args, **kwargs)
         return self.module(*args, **kwargs)
@@ -41,7 +41,7 @@ class CompiledModule:
         return f"CompiledModule({self.module!r})"
 
 
-def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = None) -> CompiledModule:
+def compile(model: torch.nn.Module, backend: str | Backend | None = None) -> CompiledModule:
     """Prepare `model` for tracing: from here on the backend owns its parameters and
     buffers. Initialise parameters before calling this.
 
@@ -84,7 +84,7 @@ def compile(model: torch.nn.Module, backend: Optional[Union[str, Backend]] = Non
     with tqdm(total=tensors, desc="initializing", unit="tensor", disable=not show) as bar:
         backend.state.refresh(initial=True, progress=bar)
     if show:
-        print(f"cstorch: initialized {type(model).__name__} ({tensors} tensors) on the "
-              f"{backend.backend_type} mesh {dict(backend.mesh.shape)} in "
-              f"{time.perf_counter() - start:.2f} s", file=sys.stderr)
+        inform(f"initialized {type(model).__name__} ({tensors} tensors) on the "
+               f"{backend.backend_type} mesh {dict(backend.mesh.shape)} in "
+               f"{time.perf_counter() - start:.2f} s")
     return CompiledModule(model, backend)

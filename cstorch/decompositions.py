@@ -1,12 +1,12 @@
 """`cstorch.register_decomposition`: a user's rule for computing an ATen op from others,
 used when the traced steps of one kind of backend are captured."""
-from typing import Callable, Dict
+from collections.abc import Callable
 
 import torch
 
 from cstorch.backend.types import BackendType
 
-_TABLES: Dict[BackendType, dict] = {t: {} for t in BackendType}
+_TABLES: dict[BackendType, dict] = {t: {} for t in BackendType}
 
 
 def _overloads(op):

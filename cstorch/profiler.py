@@ -21,7 +21,8 @@ import statistics
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Optional
+from collections.abc import Callable
 
 __all__ = ["profile", "schedule", "ProfilerSchedule", "ProfilerRegistry",
            "tensorboard_trace_handler"]
@@ -74,7 +75,7 @@ class ProfilerRegistry:
         cls._profiler = None
 
 
-def tensorboard_trace_handler(dir_name, worker_name: Optional[str] = None,
+def tensorboard_trace_handler(dir_name, worker_name: str | None = None,
                               use_gzip: bool = False) -> Callable[["profile"], None]:
     """An `on_trace_ready` handler writing the profile's Chrome trace into `dir_name` as
     ``{worker_name}.{time in ns}.pt.trace.json`` (``.gz`` with `use_gzip`), where the
@@ -102,8 +103,8 @@ class profile:
     `start_s`, `duration_s`, `samples`).
     """
 
-    def __init__(self, *, schedule: ProfilerSchedule, host_activities: Optional[List[str]] = None,
-                 on_trace_ready: Optional[Callable[["profile"], Any]] = None):
+    def __init__(self, *, schedule: ProfilerSchedule, host_activities: list[str] | None = None,
+                 on_trace_ready: Callable[["profile"], Any] | None = None):
         if not isinstance(schedule, ProfilerSchedule):
             raise TypeError(f"schedule must come from cstorch.profiler.schedule(), got "
                             f"{type(schedule).__name__}")
@@ -114,8 +115,8 @@ class profile:
         self.host_activities = list(host_activities or [])
         self.on_trace_ready = on_trace_ready
         self.appliance_response = None
-        self.events: List[Dict[str, Any]] = []
-        self._runs: List[dict] = []       # open runs, innermost last
+        self.events: list[dict[str, Any]] = []
+        self._runs: list[dict] = []       # open runs, innermost last
         self._run_count = 0
         self._origin = time.perf_counter()
         self._open = False

@@ -17,10 +17,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from jax.experimental import multihost_utils
 
 import wafer
 from bridge import tensor_to_jax, to_jax_dtype
+from bridge.capture import with_user_line
+from bridge.convert import local_value, put_global
 from bridge.device_tensor import Absent, Cell, DeviceTensor, requires_grad_writes
+from cstorch.errors import StepRefusedError
+from cstorch.metrics.metric import state_prefix
+from cstorch.run.capture_context import is_capturing
 
 _DROPPED = {
     "compile_only": "the backend is compile_only: no step is executed, so no value is computed",
@@ -61,13 +67,12 @@ class TrackedTable(dict):
         self.kind = kind
 
     def __setitem__(self, key, value):
-        if key not in self and _capturing():
-            raise RuntimeError(self._added_in_capture(key))
+        if key not in self and is_capturing():
+            raise StepRefusedError(self._added_in_capture(key))
         super().__setitem__(key, value)
         self.state.dirty = True
 
     def _added_in_capture(self, key) -> str:
-        from bridge.capture import with_user_line
         what = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
         owner = next((name for name, m in self.state.named_modules()
                       if m.__dict__.get(self.kind) is self), "a compiled module")
@@ -87,12 +92,6 @@ class TrackedTable(dict):
 
     def __reduce_ex__(self, protocol):
         return dict, (dict(self.items()),)
-
-
-def _capturing() -> bool:
-    """Whether a traced step is being captured now."""
-    from cstorch.tracing.capture import capturing
-    return capturing.get() is not None
 
 
 class RunState:
@@ -221,7 +220,6 @@ class RunState:
     def _metric_modules(self, compiled):
         """(prefix, metric) of the registered metrics; one that a compiled module came to
         hold is state of that module instead. Equal names are told apart by a suffix."""
-        from cstorch.metrics.metric import state_prefix
         held = {id(sub) for m in compiled for sub in m.modules()} if self.metrics else ()
         named, used = [], set()
         for metric in self.metrics:
@@ -310,6 +308,22 @@ class RunState:
             self._flags = (seen, tuple([e.tensor.requires_grad for e in self.entries]))
         return self._flags[1]
 
+    def grad_param(self, cell):
+        """The parameter (a device tensor requiring grad) held in `cell`, or None."""
+        for e in self.entries:
+            if e.cell == cell and e.tensor.requires_grad:
+                return e.tensor
+        return None
+
+    def has_grad(self, cell) -> bool:
+        """Whether the parameter held in `cell` has a gradient now."""
+        param = self.grad_param(cell)
+        return param is not None and param.has_grad()
+
+    def held_tensor(self, cell):
+        """The tensor (a parameter, a buffer, an optimizer state tensor) held in `cell`."""
+        return next(e.tensor for e in self.entries if e.cell == cell)
+
     def grad_flags(self):
         """Per cell: whether its tensor requires a gradient."""
         flags = [False] * len(self.cells)
@@ -323,8 +337,6 @@ def _take_main_process_values(cells, is_main: bool):
     """Make newly adopted state equal on every process of a multi-process run: the main
     process's values win (as DistributedDataParallel broadcasts rank 0's module state), so
     processes whose models were initialised differently cannot train apart."""
-    from jax.experimental import multihost_utils
-    from bridge.convert import local_value, put_global
     cells = [c for c in cells if not isinstance(c.array, Absent)]
     if not cells:
         return
@@ -338,9 +350,10 @@ def _to_device(tensor, sharding):
     """A state tensor as a device array. A lazily created tensor (`cstorch.zeros`, ..., or
     one made inside `backend.device`, `cstorch.lazy_init`) is built on the device, never
     on the host."""
-    from cstorch.storage.lazy import LazyTensor
-    if isinstance(tensor, LazyTensor):
-        value = tensor.device_value(sharding)
+    # Looked up on the type: an attribute read on a lazy tensor itself could build it.
+    device_value = getattr(type(tensor), "device_value", None)
+    if device_value is not None:
+        value = device_value(tensor, sharding)
         if value is not None:
             return value
     if isinstance(tensor, DeviceTensor):

@@ -53,7 +53,7 @@ def use_compile_dir(path: str) -> None:
     try:
         # JAX sets its cache up once, at the first compilation; one that ran before the
         # directory was chosen would leave it off for the rest of the process.
-        from jax._src import compilation_cache
+        from jax._src import compilation_cache  # noqa: PLC0415 (private; may move between jax releases)
         compilation_cache.reset_cache()
     except (ImportError, AttributeError):
         pass

@@ -3,7 +3,8 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Callable, Sequence
 
 import jax
 
@@ -125,9 +126,8 @@ def _kept_apart(fn, split: StateSplit):
 def compiler_options(mesh) -> dict:
     """XLA options for a step compiled for `mesh`'s devices.
 
-    On a GPU, XLA's Triton matmul fusions are turned off: autotuning them took 115 s of a
-    gpt-small step's 119 s first step on an H200 (cuBLAS alone: 10 s to compile, a step as
-    fast: 3.85 against 3.94 ms).
+    On a GPU, XLA's Triton matmul fusions are turned off: autotuning them took almost all
+    of a first step, for steps no faster than with cuBLAS alone (docs/benchmarks.md).
 
     Everywhere, XLA's excess precision is off: with it, XLA drops a rounding to bfloat16 or
     float16 followed by a widening back (a half-precision op's output fed to one computing

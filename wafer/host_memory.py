@@ -26,7 +26,6 @@ allocator does. A user who sets any of glibc's malloc variables (`MALLOC_ARENA_M
 import ctypes
 import os
 import sys
-from typing import Optional
 
 # mallopt parameters, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
@@ -39,8 +38,8 @@ _TRIM_THRESHOLD = 2**31 - 1
 _USER_SETTINGS = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
                   "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
-_applied: Optional[bool] = None
-_one_arena: Optional[bool] = None
+_applied: bool | None = None
+_one_arena: bool | None = None
 
 
 def _glibc():
@@ -48,7 +47,7 @@ def _glibc():
         return None
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.gnu_get_libc_version  # musl and other C libraries have no such symbol
+        libc.gnu_get_libc_version  # noqa: B018 (musl and other C libraries lack it)
         return libc
     except (OSError, AttributeError):
         return None

@@ -14,7 +14,7 @@ What each micro-batch hands on combines by mode:
 Micro-batch i holds samples ``i*m .. (i+1)*m - 1``. On a mesh, each micro-batch is laid
 over the batch axes as a whole batch would be, so every micro-batch uses the whole wafer.
 """
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import torch
+from jax._src.lax import linalg as lax_linalg
 
 from bridge.ops.registry import lowering
 
@@ -215,7 +216,6 @@ def householder_product(a, tau):
 
 @lowering(aten.geqrf.default)
 def geqrf(a):
-    from jax._src.lax import linalg as lax_linalg  # geqrf is not re-exported by jax.lax
     r, tau = lax_linalg.geqrf(a)
     return r, tau
 

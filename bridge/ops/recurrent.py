@@ -3,8 +3,8 @@ lowered to a `jax.lax.scan` over time.
 
 PyTorch's own CPU path cannot be captured as is: `aten.lstm` picks oneDNN's
 `mkldnn_rnn_layer`, an opaque kernel. With oneDNN off it unrolls one cell per time step, so
-the graph, the capture time and XLA's compile time all grow with the sequence length (about
-70 s for a 2-layer bidirectional LSTM over 32 steps). Capture therefore routes the four
+the graph, the capture time and XLA's compile time all grow with the sequence length.
+Capture therefore routes the four
 `torch._VF` entry points that `nn.RNNBase` calls (see `route`) to `recurrent`, which keeps
 PyTorch's layer structure (layers, directions, dropout between layers through the usual
 `torch.dropout`, so it draws from the step's traced RNG like any other dropout) and hands
@@ -19,7 +19,6 @@ Double backward through an RNN is not supported.
 Packed sequences (`nn.utils.rnn.PackedSequence`) are left to PyTorch: their batch sizes are
 values, not shapes, which a traced step does not know.
 """
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -133,8 +132,8 @@ def _to_torch(arrays):
 
 
 @torch.library.custom_op("bridge::rnn_layer", mutates_args=())
-def rnn_layer(input: Tensor, hx: Tensor, cx: Optional[Tensor], w_ih: Tensor, w_hh: Tensor,
-              b_ih: Optional[Tensor], b_hh: Optional[Tensor], w_hr: Optional[Tensor],
+def rnn_layer(input: Tensor, hx: Tensor, cx: Tensor | None, w_ih: Tensor, w_hh: Tensor,
+              b_ih: Tensor | None, b_hh: Tensor | None, w_hr: Tensor | None,
               mode: str, reverse: bool) -> tuple[Tensor, Tensor]:
     """One direction of one recurrent layer over a time-major `input` (T, B, I), from state
     `hx` (B, H_out) and, for LSTM, `cx` (B, H). Returns every step's output (T, B, H_out) in
@@ -153,8 +152,8 @@ def _(input, hx, cx, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse):
 
 @torch.library.custom_op("bridge::rnn_layer_backward", mutates_args=())
 def rnn_layer_backward(grad_out: Tensor, grad_cells: Tensor, input: Tensor, hx: Tensor,
-                       cx: Optional[Tensor], w_ih: Tensor, w_hh: Tensor, b_ih: Optional[Tensor],
-                       b_hh: Optional[Tensor], w_hr: Optional[Tensor], out: Tensor, cells: Tensor,
+                       cx: Tensor | None, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
+                       b_hh: Tensor | None, w_hr: Tensor | None, out: Tensor, cells: Tensor,
                        mode: str, reverse: bool
                        ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients of `rnn_layer`'s tensor inputs in order (input, hx, cx, w_ih, w_hh, b_ih,

@@ -5,7 +5,8 @@ replaced by JAX arrays, and returns JAX arrays (a tuple for multi-output ops). T
 interpreter casts each result to the dtype PyTorch recorded for the node, so lowerings
 need not reproduce PyTorch's type promotion to the letter.
 """
-from typing import Callable
+import functools
+from collections.abc import Callable
 
 from torch._ops import OpOverload, OpOverloadPacket
 
@@ -59,7 +60,6 @@ def scalar_as_vector(fn):
     ATen treats a 0-d tensor as having one dimension of size 1 for `dim` arguments
     (dim 0 and -1 both name it); jax.numpy has no axis to name there.
     """
-    import functools
 
     @functools.wraps(fn)
     def wrapped(x, *args, **kwargs):

@@ -10,7 +10,7 @@ Its gradient has the same layout, as JAX gives the transpose of a sharding const
 """
 import contextlib
 import contextvars
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 import torch
@@ -20,12 +20,12 @@ from torch import Tensor
 from bridge.ops.registry import lowering
 
 # (systems, shape) -> the jax Mesh whose leading axes are the boxes' axes, in order.
-_resolver: contextvars.ContextVar[Optional[Callable]] = contextvars.ContextVar(
+_resolver: contextvars.ContextVar[Callable | None] = contextvars.ContextVar(
     "bridge_box_meshes", default=None)
 
 
 @contextlib.contextmanager
-def box_meshes(resolver: Optional[Callable]):
+def box_meshes(resolver: Callable | None):
     """Lower `mesh_layout` ops with ``resolver(systems, shape) -> jax.sharding.Mesh`` while
     inside (None: the ops lower to their input)."""
     token = _resolver.set(resolver)

@@ -2,7 +2,6 @@
 levels `TRACE` and `VERBOSE`), and the logger that holds per-server levels of a
 Wafer-Scale Cluster (`wsc_logger`)."""
 import logging
-from typing import Dict, Optional, Union
 
 TRACE = logging.DEBUG - 5
 VERBOSE = logging.INFO - 5
@@ -15,7 +14,7 @@ a Wafer-Scale Cluster's servers would log at. There are no such servers here: th
 are kept and `collect_wsc_log_settings` reports them, nothing else reads them."""
 
 
-def get_level_name(level: Union[str, int]) -> int:
+def get_level_name(level: str | int) -> int:
     """The numeric logging level for `level`: a level name in any case ("info", "TRACE",
     "Verbose"), a number, or a string of digits. Raises ValueError for anything else,
     listing the names it accepts.
@@ -80,7 +79,7 @@ def named_class_logger(name_or_cls=None):
     return lambda cls: decorate(cls, name_or_cls)
 
 
-def collect_wsc_log_settings(logger: Optional[logging.Logger] = None) -> Dict[str, int]:
+def collect_wsc_log_settings(logger: logging.Logger | None = None) -> dict[str, int]:
     """The levels set on `wsc_logger` and its descendants, keyed by task name ("" for
     `wsc_logger` itself; a child's key is its name below `wsc`, e.g. "crd" or "wrk.0").
 

@@ -14,7 +14,6 @@ then to `min_loss_scale`; `get_non_clamped_scale()` is the value before the lowe
 """
 import warnings
 from numbers import Number
-from typing import Optional, Union
 
 import torch
 
@@ -81,10 +80,10 @@ class GradScaler:
     before the optimizer step.
     """
 
-    def __init__(self, loss_scale: Optional[Union[str, float]] = None,
-                 init_scale: Optional[float] = None, steps_per_increase: Optional[int] = None,
-                 min_loss_scale: Optional[float] = None, max_loss_scale: Optional[float] = None,
-                 overflow_tolerance: float = 0.0, max_gradient_norm: Optional[float] = None):
+    def __init__(self, loss_scale: str | float | None = None,
+                 init_scale: float | None = None, steps_per_increase: int | None = None,
+                 min_loss_scale: float | None = None, max_loss_scale: float | None = None,
+                 overflow_tolerance: float = 0.0, max_gradient_norm: float | None = None):
         if loss_scale == "dynamic":
             self.dynamic = True
         elif loss_scale is None or (isinstance(loss_scale, Number)
@@ -373,8 +372,8 @@ def _check_number(name, value):
 
 
 def optimizer_step(loss: torch.Tensor, optimizer, grad_scaler: GradScaler,
-                   max_gradient_norm: Optional[float] = None,
-                   max_gradient_value: Optional[float] = None):
+                   max_gradient_norm: float | None = None,
+                   max_gradient_value: float | None = None):
     """The loss-scaled step in one call: backward of the scaled loss, unscale and check the
     gradients, clip them (by global norm `max_gradient_norm`, by default the scaler's, or
     by value `max_gradient_value`, not both), step the optimizer where they are finite and

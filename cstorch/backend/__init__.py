@@ -10,41 +10,30 @@ import json
 import os
 import sys
 import warnings
-from typing import Optional, Union
 
 import jax
 import torch
 
 import wafer
 from bridge.device_tensor import HostReads
+from bridge.precision import MatmulPolicy
 from cstorch.backend import ltc_backend
+from cstorch.backend import process_group
 from cstorch.backend.cluster import Cluster
-from cstorch.backend.types import BackendType, get_backend_args
+from cstorch.backend.device import Device
+from cstorch.backend.types import (BOOL_PARAMS, DISTRIBUTED_ONLY, PARAMS, BackendType,
+                                   get_backend_args)
 from cstorch.backends import csx
-from cstorch.lazy_init import Device
+from cstorch.errors import BackendError, ConfigurationError
+from cstorch.run import current
+from cstorch.run.capture_context import is_capturing
+from cstorch.run.current import current_backend_impl
 from cstorch.state import RunState
 
 # Before the user's code starts threads: a thread that allocates before glibc is held to one
 # arena keeps one of its own, and XLA's threads may later be handed it (wafer.host_memory).
 wafer.host_memory.one_arena()
 
-_PARAMS = {
-    "CSX": {"artifact_dir": None, "compile_dir": "/opt/cerebras/cached_compile",
-            "compile_only": False, "validate_only": False, "drop_data": False,
-            "max_checkpoints": None, "log_initialization": True, "retrace_every_iteration": False,
-            "cluster_config": None},
-    "CPU": {"artifact_dir": None, "max_checkpoints": None, "mixed_precision": None},
-    "GPU": {"artifact_dir": None, "enable_distributed": False, "main_process_id": 0,
-            "dist_backend": "nccl", "init_method": None, "sync_batchnorm": False,
-            "max_checkpoints": None},
-}
-_BOOL_PARAMS = {"compile_only", "validate_only", "drop_data", "log_initialization",
-                "retrace_every_iteration", "enable_distributed", "sync_batchnorm"}
-
-# GPU parameters that only a multi-process run reads: set without enable_distributed, warn.
-_DISTRIBUTED_ONLY = ("main_process_id", "dist_backend", "init_method", "sync_batchnorm")
-
-_current: Optional["Backend"] = None
 # Set only by a test suite that runs many independent runs in one process
 # (tests/conftest.py): a new backend then replaces the current one instead of being
 # refused. Whatever was made on the replaced backend is unusable afterwards.
@@ -61,19 +50,15 @@ class BackendMeta(type):
     """
 
     def __call__(cls, *args, **kwargs):
-        if _current is not None and not _replacing_allowed:
-            raise RuntimeError(
-                f"cannot instantiate a second backend: a {_current.backend_type} backend "
+        existing = current.backend()
+        if existing is not None and not _replacing_allowed:
+            raise BackendError(
+                f"cannot instantiate a second backend: a {existing.backend_type} backend "
                 f"already exists in this process, and only one backend may be created per "
                 f"run. Use cstorch.backend() to get the existing one.")
         instance = super().__call__(*args, **kwargs)
-        _make_current(instance)
+        current.set_backend(instance)
         return instance
-
-
-def _make_current(instance):
-    global _current
-    _current = instance
 
 
 class Backend(metaclass=BackendMeta):
@@ -110,7 +95,7 @@ class Backend(metaclass=BackendMeta):
     On a CPU backend `mixed_precision=True` runs every compiled module's forward pass under
     `cstorch.amp.autocast()` (bfloat16 on the CPU).
     On a GPU backend `enable_distributed=True` makes a multi-process run, launched by
-    `torchrun` (`cstorch.distributed.process_group`): JAX's distributed runtime joins the
+    `torchrun` (`cstorch.backend.process_group`): JAX's distributed runtime joins the
     processes, the mesh spans every process's devices with the processes along its first
     axis, each step's tensor arguments are this process's part of the global batch (split
     along the first dimension, 0-d tensors equal on every process), parameters are kept
@@ -124,12 +109,12 @@ class Backend(metaclass=BackendMeta):
     process `main_process_id` writes checkpoints, summaries and artifacts.
     """
 
-    def __init__(self, backend_type: Union[str, BackendType], *args, **kwargs):
+    def __init__(self, backend_type: str | BackendType, *args, **kwargs):
         params = {**_positional(backend_type, args, kwargs), **kwargs} if args else kwargs
         # A `BackendType` (also a str: `backend_type == "CSX"` holds); its `.name` is what
         # Model Zoo reads.
         self.backend_type = BackendType.from_str(backend_type)
-        allowed = _PARAMS[self.backend_type]
+        allowed = PARAMS[self.backend_type]
         unknown = sorted(set(params) - set(allowed))
         if unknown:
             raise TypeError(
@@ -137,11 +122,11 @@ class Backend(metaclass=BackendMeta):
                 f"it accepts {', '.join(sorted(allowed))}")
         values = {**allowed, **params}
         for name, value in values.items():
-            if name in _BOOL_PARAMS and not isinstance(value, bool):
+            if name in BOOL_PARAMS and not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
         mc = values["max_checkpoints"]
         if mc is not None and (not isinstance(mc, int) or isinstance(mc, bool) or mc < 1):
-            raise ValueError(f"max_checkpoints must be None or a positive int, got {mc!r}")
+            raise ConfigurationError(f"max_checkpoints must be None or a positive int, got {mc!r}")
         if values.get("mixed_precision") not in (None, True, False):
             raise TypeError(f"mixed_precision must be a bool or None, got {values['mixed_precision']!r}")
         if not isinstance(values.get("main_process_id", 0), int):
@@ -153,14 +138,13 @@ class Backend(metaclass=BackendMeta):
         self.drops_data = next((m for m in ("validate_only", "compile_only", "drop_data")
                                 if values.get(m)), None)
         self.executes = not (values.get("compile_only") or values.get("validate_only"))
-        inert = [k for k in _DISTRIBUTED_ONLY if k in params and params[k] != allowed[k]]
+        inert = [k for k in DISTRIBUTED_ONLY if k in params and params[k] != allowed[k]]
         if inert and not values.get("enable_distributed"):
             warnings.warn(f"{self.backend_type} backend: {', '.join(inert)} "
                           f"{'has' if len(inert) == 1 else 'have'} no effect without "
                           f"enable_distributed=True", stacklevel=3)
         self.process_group = None
         if values.get("enable_distributed"):
-            from cstorch.distributed import process_group
             self.process_group = process_group.initialize(
                 values["dist_backend"], values["init_method"], values["main_process_id"])
         self._artifact_dir = values["artifact_dir"] or os.path.join(os.getcwd(), "cerebras_logs")
@@ -188,7 +172,7 @@ class Backend(metaclass=BackendMeta):
         # (cstorch/backend/cluster.py).
         self._cluster = Cluster(self)
         # `with backend.device:` builds a model; on CSX with lazy_initialization its
-        # tensors are created on the devices by cstorch.compile (cstorch/lazy_init.py).
+        # tensors are created on the devices by cstorch.compile (cstorch/lazy_init/).
         self._device = Device(self)
         self.modules: list[torch.nn.Module] = []    # compiled modules, in compile order
         self.optimizers: list = []                  # cstorch optimizers, in creation order
@@ -196,7 +180,6 @@ class Backend(metaclass=BackendMeta):
 
     def _devices(self):
         if self.process_group is not None:
-            from cstorch.distributed import process_group
             return process_group.devices(self.process_group)
         if self.backend_type == "CPU":
             return jax.devices("cpu")[:1]
@@ -276,7 +259,6 @@ class Backend(metaclass=BackendMeta):
         level = self.precision_level
         if not level:
             return None
-        from bridge.precision import MatmulPolicy
         return MatmulPolicy(**wafer.matmul_dtypes(level))
 
     @property
@@ -295,7 +277,7 @@ class Backend(metaclass=BackendMeta):
         return self.process_group is None or self.process_group.is_main
 
     @property
-    def artifacts_dir(self) -> Optional[str]:
+    def artifacts_dir(self) -> str | None:
         """Where this process writes artifacts: `artifact_dir`, or None on a process of a
         multi-process run that is not the main one."""
         return self.artifact_dir if self.is_main_process else None
@@ -319,8 +301,7 @@ class Backend(metaclass=BackendMeta):
     def is_tracing(self) -> bool:
         """Whether a `@cstorch.trace` step is being captured now (tensors are symbolic: a
         value read then must wait for a `step_closure`)."""
-        from cstorch.tracing.capture import capturing
-        return capturing.get() is not None
+        return is_capturing()
 
     @property
     def is_csx(self) -> bool:
@@ -347,7 +328,7 @@ class Backend(metaclass=BackendMeta):
         return f"Backend({self.backend_type}, devices={len(self.devices)}, mesh={dict(self.mesh.shape)})"
 
 
-def backend(backend_type: Optional[str] = None, *args, **kwargs) -> Backend:
+def backend(backend_type: str | None = None, *args, **kwargs) -> Backend:
     """Instantiate a backend of `backend_type` ("CSX", "CPU" or "GPU") and make it current.
 
     Without a type, return the current backend (an error if there is none). A process has
@@ -357,19 +338,20 @@ def backend(backend_type: Optional[str] = None, *args, **kwargs) -> Backend:
     if backend_type is None:
         if args or kwargs:
             raise TypeError("backend parameters need a backend_type (\"CSX\", \"CPU\" or \"GPU\")")
-        if _current is None:
-            raise RuntimeError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
-        return _current
+        existing = current.backend()
+        if existing is None:
+            raise BackendError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
+        return existing
     return Backend(backend_type, *args, **kwargs)
 
 
 def _positional(backend_type, args, kwargs) -> dict:
     """Positional backend parameters, named in the order the reference lists them."""
     kind = backend_type.upper() if isinstance(backend_type, str) else backend_type
-    if kind not in _PARAMS:
-        raise ValueError(
+    if kind not in PARAMS:
+        raise ConfigurationError(
             f"unknown backend type {backend_type!r}; expected one of \"CSX\", \"CPU\", \"GPU\"")
-    order = list(_PARAMS[kind])
+    order = list(PARAMS[kind])
     if len(args) > len(order):
         raise TypeError(f"{kind} backend takes at most {len(order)} positional parameters "
                         f"({', '.join(order)}), got {len(args)}")
@@ -380,41 +362,35 @@ def _positional(backend_type, args, kwargs) -> dict:
     return named
 
 
-def current_backend(raise_exception: bool = True, raise_warning: bool = True) -> Optional[Backend]:
+def current_backend(raise_exception: bool = True, raise_warning: bool = True) -> Backend | None:
     """DEPRECATED: use `cstorch.backend()`. The current backend, or None if there is none
     and `raise_exception` is False."""
     if raise_warning:
         warnings.warn("cstorch.current_backend() is deprecated; use cstorch.backend() instead",
                       DeprecationWarning, stacklevel=2)
-    if _current is None and raise_exception:
-        raise RuntimeError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
-    return _current
-
-
-def current_backend_impl(raise_exception: bool = True) -> Optional[Backend]:
-    """The current backend, without the deprecation warning of `current_backend`.
-
-    With no backend: a RuntimeError if `raise_exception` (the default), else None
-    (Model Zoo's `current_backend_impl(raise_exception=False)`)."""
-    if _current is None and raise_exception:
-        raise RuntimeError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
-    return _current
+    existing = current.backend()
+    if existing is None and raise_exception:
+        raise BackendError("no backend has been initialized; call cstorch.backend(\"CPU\") first")
+    return existing
 
 
 def current_or_cpu_backend() -> Backend:
     """The current backend, a CPU backend made current first if there is none (what
     `cstorch.compile`, optimizers and traced steps use without a backend)."""
-    return _current if _current is not None else Backend("CPU")
+    existing = current.backend()
+    return existing if existing is not None else Backend("CPU")
 
 
 def current_torch_device() -> torch.device:
     """The torch device of the current backend; cpu if no backend exists yet."""
-    return _current.torch_device if _current is not None else torch.device("cpu")
+    existing = current.backend()
+    return existing.torch_device if existing is not None else torch.device("cpu")
 
 
 def use_cs() -> bool:
     """True if the current backend is a CSX backend."""
-    return _current is not None and _current.is_csx
+    existing = current.backend()
+    return existing is not None and existing.is_csx
 
 
 __all__ = ["Backend", "BackendMeta", "BackendType", "backend", "current_backend", "current_backend_impl",

@@ -6,13 +6,12 @@ and asks it about the cluster's workflow. The cluster is emulated here: `config`
 backend's `cluster_config`; the workflow and storage calls are no-ops that say there is
 none (`workflow_id` and `client` are None).
 """
-from typing import Optional
 
 
 class Cluster:
     """The cluster of `backend` (every backend has one; only a CSX backend's config acts)."""
 
-    workflow_id: Optional[str] = None   # no cluster workflow is ever started here
+    workflow_id: str | None = None   # no cluster workflow is ever started here
     client = None                        # no management client to talk to
 
     def __init__(self, backend):

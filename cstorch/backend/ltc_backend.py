@@ -12,7 +12,7 @@ elsewhere (printing a step's returned loss, say) reach no hook.
 The module keeps the real package's name (its lazy-tensor backend) so imports resolve.
 """
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.utils.hooks import RemovableHandle

@@ -1,7 +1,26 @@
 """`BackendType`, the three kinds of backend, and `get_backend_args`, the parameters each
 takes."""
 from enum import Enum
-from typing import Any, Dict, Union
+from typing import Any, Union
+
+
+# The parameters of each backend type besides the type, in the order `cstorch.backend`
+# takes them positionally, with their defaults.
+PARAMS = {
+    "CSX": {"artifact_dir": None, "compile_dir": "/opt/cerebras/cached_compile",
+            "compile_only": False, "validate_only": False, "drop_data": False,
+            "max_checkpoints": None, "log_initialization": True, "retrace_every_iteration": False,
+            "cluster_config": None},
+    "CPU": {"artifact_dir": None, "max_checkpoints": None, "mixed_precision": None},
+    "GPU": {"artifact_dir": None, "enable_distributed": False, "main_process_id": 0,
+            "dist_backend": "nccl", "init_method": None, "sync_batchnorm": False,
+            "max_checkpoints": None},
+}
+BOOL_PARAMS = {"compile_only", "validate_only", "drop_data", "log_initialization",
+               "retrace_every_iteration", "enable_distributed", "sync_batchnorm"}
+
+# GPU parameters that only a multi-process run reads: set without enable_distributed, warn.
+DISTRIBUTED_ONLY = ("main_process_id", "dist_backend", "init_method", "sync_batchnorm")
 
 
 class BackendType(str, Enum):
@@ -44,14 +63,13 @@ class BackendType(str, Enum):
         return self is BackendType.GPU
 
 
-def get_backend_args(backend_type: Union[str, BackendType]) -> Dict[str, Any]:
+def get_backend_args(backend_type: str | BackendType) -> dict[str, Any]:
     """The parameters a backend of `backend_type` takes besides its type, in the order
     `cstorch.backend` takes them positionally, each with its default:
     `get_backend_args("CPU") == {"artifact_dir": None, "max_checkpoints": None,
     "mixed_precision": None}`. Model Zoo picks a backend's arguments out of its
     configuration with it. A new dict each call."""
-    from cstorch.backend import _PARAMS
-    return dict(_PARAMS[BackendType.from_str(backend_type).value])
+    return dict(PARAMS[BackendType.from_str(backend_type).value])
 
 
 __all__ = ["BackendType", "get_backend_args"]

@@ -7,7 +7,8 @@ default warns that it has no effect.
 """
 import copy
 import warnings
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from cstorch.backends.debug_args import DebugArgs, update_from_keys
 

@@ -7,7 +7,7 @@ unchanged, but nothing acts on them. The class keeps the parts of the message AP
 programs use (`MergeFrom`, `CopyFrom`, `Clear`, `HasField`, nested fields created on first
 access). `cerebras.appliance.utils.debug_args` reads and writes it to files.
 """
-from typing import Any, Dict, Optional
+from typing import Any
 
 _SCALARS = (bool, int, float, str, type(None))
 
@@ -17,7 +17,7 @@ class DebugArgs:
     never set gives an empty sub-message, as in a protocol buffer, so nested fields can be
     set without creating their parents first."""
 
-    def __init__(self, fields: Optional[Dict[str, Any]] = None, **kwargs):
+    def __init__(self, fields: dict[str, Any] | None = None, **kwargs):
         object.__setattr__(self, "_fields", {})
         for key, value in {**(fields or {}), **kwargs}.items():
             setattr(self, key, value)
@@ -81,7 +81,7 @@ class DebugArgs:
     def Clear(self) -> None:  # noqa: N802
         self._fields.clear()
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The fields that are set, as nested dicts (empty sub-messages left out)."""
         out = {}
         for name, value in self._fields.items():
@@ -95,7 +95,7 @@ class DebugArgs:
         return out
 
 
-def update_from_keys(debug_args: DebugArgs, keys: Dict[str, Any]) -> None:
+def update_from_keys(debug_args: DebugArgs, keys: dict[str, Any]) -> None:
     """Set fields named by dotted paths: `{"debug_usr.compile.threads": 4}` sets
     `debug_args.debug_usr.compile.threads = 4` (the `--debug_args a.b.c=value` flag)."""
     if not isinstance(keys, dict):

@@ -35,25 +35,26 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from cstorch.backend import current_backend_impl
 from cstorch.core.graph_meta import CS_INTERNAL, annotated
 from cstorch.lib import cerebras_pytorch_lib
+from cstorch.run.current import current_backend_impl
 
 __all__ = ["AnnotationMode", "ReverseHooksExecutor", "SkipBwdAnnotation", "annotate",
            "cerebras_pytorch_lib", "create_annotation", "current_annotations",
            "current_backend_impl", "get_hooks_executor", "register_function_mode_forward_hook",
            "register_function_mode_forward_pre_hook"]
 
-_active: contextvars.ContextVar[Tuple["AnnotationMode.Attribute", ...]] = \
+_active: contextvars.ContextVar[tuple["AnnotationMode.Attribute", ...]] = \
     contextvars.ContextVar("cstorch_annotations", default=())
 # OrderedDicts: a RemovableHandle holds its dict by weak reference, which a dict refuses.
-_forward_pre_hooks: Dict[int, Callable] = collections.OrderedDict()
-_forward_hooks: Dict[int, Callable] = collections.OrderedDict()
+_forward_pre_hooks: dict[int, Callable] = collections.OrderedDict()
+_forward_hooks: dict[int, Callable] = collections.OrderedDict()
 
 
 class AnnotationMode(abc.ABC):
@@ -86,7 +87,7 @@ class AnnotationMode(abc.ABC):
                             f"{type(config).__name__}")
         self._config = config
         self._is_backward = False
-        self._open: List[Tuple[Any, contextlib.ExitStack]] = []
+        self._open: list[tuple[Any, contextlib.ExitStack]] = []
 
     @property
     def config(self) -> "AnnotationMode.Config":
@@ -206,7 +207,7 @@ class ReverseHooksExecutor:
     through the ops that registered them)."""
 
     def __init__(self):
-        self._hooks: List[Callable] = []
+        self._hooks: list[Callable] = []
 
     def register_hook(self, hook):
         """Add `hook`; returns a handle whose `remove()` takes it out."""
@@ -231,7 +232,7 @@ def get_hooks_executor(arg) -> ReverseHooksExecutor:
     if executor is None:
         executor = ReverseHooksExecutor()
         try:
-            setattr(arg, "_cs_hooks_executor", executor)
+            arg._cs_hooks_executor = executor
         except AttributeError:
             raise TypeError(f"cannot attach hooks to a {type(arg).__name__}") from None
     return executor
@@ -253,7 +254,7 @@ def register_function_mode_forward_hook(hook) -> RemovableHandle:
     return handle
 
 
-def current_annotations() -> List["AnnotationMode.Attribute"]:
+def current_annotations() -> list["AnnotationMode.Attribute"]:
     """The attributes of the annotated functions running now, outermost first."""
     return list(_active.get())
 
@@ -289,9 +290,9 @@ def annotate(annotation_mode: AnnotationMode) -> Callable[[Callable], Callable]:
     return decorate
 
 
-def create_annotation(annotation_config: Type[AnnotationMode.Config],
+def create_annotation(annotation_config: type[AnnotationMode.Config],
                       get_attribute_fn: Callable[[AnnotationMode.Config, bool],
-                                                 Optional[AnnotationMode.Attribute]],
+                                                 AnnotationMode.Attribute | None],
                       **kwargs) -> Callable[[Callable], Callable]:
     """A decorator that runs a function inside an `AnnotationMode`.
 

@@ -10,7 +10,7 @@ Outside a capture the annotations have no effect at all; they cost a dict update
 """
 import contextlib
 import contextvars
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch.fx.traceback as fx_traceback
 
@@ -29,7 +29,7 @@ _open: contextvars.ContextVar[tuple] = contextvars.ContextVar(
     "cstorch_graph_annotations", default=({}, {}))
 
 
-def _merge(base: Dict[str, Any], extra: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def _merge(base: dict[str, Any], extra: dict[str, Any] | None) -> dict[str, Any]:
     if not extra:
         return base
     merged = dict(base)
@@ -42,8 +42,8 @@ def _merge(base: Dict[str, Any], extra: Optional[Dict[str, Any]]) -> Dict[str, A
 
 
 @contextlib.contextmanager
-def annotated(forward: Optional[Dict[str, Any]] = None,
-              backward: Optional[Dict[str, Any]] = None):
+def annotated(forward: dict[str, Any] | None = None,
+              backward: dict[str, Any] | None = None):
     """Record `forward` on the graph nodes of the ops traced inside, and `backward` on the
     nodes of the ops that compute their gradients. `cs.internal` dicts merge key by key
     with those of enclosing scopes; other keys are replaced."""
@@ -60,6 +60,6 @@ def annotated(forward: Optional[Dict[str, Any]] = None,
         _open.reset(token)
 
 
-def node_annotations(node) -> Dict[str, Any]:
+def node_annotations(node) -> dict[str, Any]:
     """The annotations an FX node of a captured step carries (empty if none)."""
     return dict(node.meta.get("custom") or {})

@@ -6,7 +6,6 @@
 `ScopeName` is one scope's name, type and function.
 """
 import weakref
-from typing import Optional
 
 import torch
 
@@ -76,7 +75,7 @@ class ModuleNamesGenerator:
         return name
 
 
-def add_debug_name(module: torch.nn.Module, root_name: Optional[str] = None) -> torch.nn.Module:
+def add_debug_name(module: torch.nn.Module, root_name: str | None = None) -> torch.nn.Module:
     """Name `module` and every module inside it by its path from `module`: the root is
     `root_name` ("model" when None), its submodules ``model.encoder``,
     ``model.encoder.layers.0`` and so on. `get_debug_name` returns the name; tools that

@@ -2,16 +2,18 @@
 import contextlib
 import contextvars
 import functools
-from typing import Optional
 
+import wafer
+from bridge.precision import MatmulPolicy
 from cstorch.core.graph_meta import MATMUL_POLICY, NAME_SCOPE, annotated
+from cstorch.run import current
 
 __all__ = ["name_scope", "current_name_scope", "set_debug_scope", "pol", "current_pol"]
 
 _names: contextvars.ContextVar[tuple] = contextvars.ContextVar("cstorch_name_scope", default=())
 # The run's debug scope (`set_debug_scope`): the outermost level of every name scope.
 _debug_scope = [None]
-_levels: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar(
+_levels: contextvars.ContextVar[tuple | None] = contextvars.ContextVar(
     "cstorch_pol", default=None)
 
 
@@ -64,7 +66,7 @@ def _with_debug_scope(names: tuple) -> tuple:
     return ((debug,) + names) if debug else names
 
 
-def set_debug_scope(name: Optional[str]) -> None:
+def set_debug_scope(name: str | None) -> None:
     """Make `name` the outermost level of the name scopes opened from now on (None or ""
     ends it)."""
     if name is not None and not isinstance(name, str):
@@ -86,8 +88,7 @@ def _check_level(what: str, level):
 
 
 def _backend_level() -> int:
-    from cstorch.backend import current_backend_impl
-    backend = current_backend_impl(raise_exception=False)
+    backend = current.backend()
     level = backend.precision_level if backend is not None else None
     return 0 if level is None else level
 
@@ -96,8 +97,6 @@ def _policy(level: int):
     """The `bridge.precision.MatmulPolicy` of a level (None: exact float32)."""
     if not level:
         return None
-    import wafer
-    from bridge.precision import MatmulPolicy
     return MatmulPolicy(**wafer.matmul_dtypes(level))
 
 
@@ -134,7 +133,7 @@ class pol:
     captured it.
     """
 
-    def __init__(self, level: Optional[int] = None, bwd_level: Optional[int] = None):
+    def __init__(self, level: int | None = None, bwd_level: int | None = None):
         _check_level("level", level)
         _check_level("bwd_level", bwd_level)
         self.level, self.bwd_level = level, bwd_level
@@ -175,6 +174,5 @@ class pol:
 
 
 def _applies() -> bool:
-    from cstorch.backend import current_backend_impl
-    backend = current_backend_impl(raise_exception=False)
+    backend = current.backend()
     return backend is not None and backend.precision_level is not None

@@ -8,7 +8,7 @@ Wafer-Scale Cluster. Outside a worker, `is_streamer()` is False.
 
 `get_ordinal`, `num_tasks` and `is_master_ordinal` describe this process among the run's
 processes: in a multi-process run (`cstorch.backend("GPU", enable_distributed=True)`,
-`cstorch.distributed.process_group`) its rank, the world size and whether it is the main
+`cstorch.backend.process_group`) its rank, the world size and whether it is the main
 process; otherwise 0, 1 and True. The emulated streaming workers run inside this process,
 so they see the same values. `ClusterConfig`, `cluster_resolver`, `service_resolver`,
 `WORKER_CACHE_ROOT` and `hit_worker_cache_limit` are the cluster's plumbing, made from the
@@ -16,6 +16,7 @@ emulated layout.
 """
 import enum
 
+from cstorch.backend import process_group
 from cstorch.distributed import cluster_resolver, worker_state
 from cstorch.distributed.cluster_config import ClusterConfig
 from cstorch.distributed.cluster_resolver import (BaseServiceResolver, ServiceResolver,
@@ -99,7 +100,6 @@ def get_streaming_batch_size(effective_batch_size: int, global_rank: int = None)
 
 
 def _process_group():
-    from cstorch.distributed import process_group
     return process_group.current()
 
 

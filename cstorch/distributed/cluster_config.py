@@ -8,7 +8,6 @@ streaming workers per system) act; the others are plumbing for a cluster that do
 exist, kept and validated, and setting one to other than its default warns.
 """
 from dataclasses import dataclass, fields
-from typing import Optional
 
 from cstorch.utils.cs_config import CSConfig, _hash_fields
 
@@ -32,9 +31,9 @@ class ClusterConfig(CSConfig):
     The config stays mutable (Model Zoo sets `max_act_per_csx` and `job_priority` after
     creating it) and hashes by value.
     """
-    mgmt_namespace: Optional[str] = None
-    cbcore_image: Optional[str] = None
-    job_priority: Optional[str] = None
+    mgmt_namespace: str | None = None
+    cbcore_image: str | None = None
+    job_priority: str | None = None
     disable_version_check: bool = False
 
     _warn_stacklevel = 4   # through this __post_init__ to the caller of __init__

@@ -6,7 +6,7 @@ emulated in this process (`cstorch.utils.data.workers`), and the same descriptio
 made from their layout: one `TaskSpec` per worker, numbered system by system.
 """
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 from cstorch.utils.data.workers import active_worker
 
@@ -38,7 +38,7 @@ class ClusterSpec:
         """The number of streaming tasks of the run: `num_csx * num_workers_per_csx`."""
         return self.num_csx * self.num_workers_per_csx
 
-    def task(self, rank: Optional[int] = None) -> TaskSpec:
+    def task(self, rank: int | None = None) -> TaskSpec:
         """The task of `rank` (default: this process's, `self.rank`)."""
         rank = self.rank if rank is None else rank
         for task in self.tasks:
@@ -88,11 +88,11 @@ class BaseServiceResolver:
         cluster service to ask."""
         return self
 
-    def streamer_ordinals(self) -> List[int]:
+    def streamer_ordinals(self) -> list[int]:
         """The ranks of the streaming tasks: every task of the emulated cluster."""
         return [task.rank for task in self.cluster_spec.tasks]
 
-    def receiver_ordinals(self) -> List[int]:
+    def receiver_ordinals(self) -> list[int]:
         """The ranks of the receiver tasks: none here."""
         return []
 
@@ -101,7 +101,7 @@ class ServiceResolver(BaseServiceResolver):
     """What `cstorch.distributed.service_resolver()` returns: the cluster as this
     streaming task sees it."""
 
-    def __init__(self, cluster_spec: Optional[ClusterSpec] = None):
+    def __init__(self, cluster_spec: ClusterSpec | None = None):
         super().__init__()
         self._cluster_spec = cluster_spec
 
@@ -109,7 +109,7 @@ class ServiceResolver(BaseServiceResolver):
 def emulated_cluster_spec(num_csx: int, num_workers_per_csx: int, rank: int) -> ClusterSpec:
     """The cluster spec of emulated streaming workers: `num_csx * num_workers_per_csx`
     tasks numbered system by system, seen from the task of `rank`."""
-    tasks: List[TaskSpec] = [
+    tasks: list[TaskSpec] = [
         TaskSpec(rank=i, local_rank=i % num_workers_per_csx, wse_id=i // num_workers_per_csx)
         for i in range(num_csx * num_workers_per_csx)]
     return ClusterSpec(tasks, rank, num_csx, num_workers_per_csx)

@@ -10,7 +10,6 @@ the cache is a directory on this machine: `$CSTORCH_WORKER_CACHE_ROOT` where set
 import os
 import shutil
 import tempfile
-from typing import Tuple
 
 WORKER_CACHE_ROOT = os.path.abspath(os.environ.get(
     "CSTORCH_WORKER_CACHE_ROOT", os.path.join(tempfile.gettempdir(), "cstorch-worker-cache")))
@@ -39,7 +38,7 @@ def _existing_parent(path: str) -> str:
     return path
 
 
-def hit_worker_cache_limit(src_dir: str, dest_dir: str) -> Tuple[bool, int, int]:
+def hit_worker_cache_limit(src_dir: str, dest_dir: str) -> tuple[bool, int, int]:
     """Whether copying `src_dir` to the cache directory `dest_dir` would overflow the
     cache: returns `(is_limit_hit, dir_size, available_space_for_copy)` in bytes.
 

@@ -1,5 +1,4 @@
 """`cerebras.pytorch.experimental.Compression`: weight compression on a Cerebras system."""
-from typing import Dict, List, Union
 
 import torch
 
@@ -22,12 +21,12 @@ class Compression:
     parameter. What a step computes is unchanged.
     """
 
-    def __init__(self, format: str, param_filter: Union[str, List[str], FilterCallable]):
+    def __init__(self, format: str, param_filter: str | list[str] | FilterCallable):
         if not isinstance(format, str) or not format:
             raise ValueError(f"Compression expects a format name, got {format!r}")
         self.format = format
         self.param_filter = make_param_filter(param_filter)
-        self.compressed: Dict[str, str] = {}
+        self.compressed: dict[str, str] = {}
 
     def __call__(self, module: torch.nn.Module) -> None:
         # `Module.apply` calls the root last: its call sees every parameter's full name.

@@ -13,7 +13,6 @@ left to right. A generated token equal to `start_token` reads as padding in the 
 iteration, which then predicts at the same position again.
 """
 import warnings
-from typing import List, Optional, Union
 
 import torch
 
@@ -86,9 +85,9 @@ def get_loop_iteration_slice(input_tensor: torch.Tensor, index_tensor: torch.Ten
 
 def update_implicit_loop(input_tensor: torch.Tensor, index_tensor: torch.Tensor,
                          update_tensor: torch.Tensor,
-                         stop_sequences_tensor: Optional[torch.Tensor],
-                         start_token: Union[int, List[int], None],
-                         max_tokens: Optional[int] = None) -> torch.Tensor:
+                         stop_sequences_tensor: torch.Tensor | None,
+                         start_token: int | list[int] | None,
+                         max_tokens: int | None = None) -> torch.Tensor:
     """`input_tensor` with this iteration's predictions written after its last token.
 
     `update_tensor` holds one token per sequence (shaped like `index_tensor` or with

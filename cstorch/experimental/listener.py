@@ -13,11 +13,14 @@ values it wants to read go through step closures or summaries (`summarize_scalar
 """
 import threading
 from collections import OrderedDict
-from typing import Callable, Dict, Optional
+from collections.abc import Callable
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from cstorch.core.name_scope import _ATTR as DEBUG_NAME
+from cstorch.run import current
+from cstorch.run.capture_context import capturing
 from cstorch.utils.nest import visit_torch_tensors
 
 __all__ = ["register_traced_tensor_hook"]
@@ -26,8 +29,8 @@ TracedTensorHook = Callable[[torch.Tensor, str], None]
 
 _hooks: "OrderedDict[int, TracedTensorHook]" = OrderedDict()
 _lock = threading.Lock()
-_module_hook: Optional[RemovableHandle] = None
-_paths: Dict[int, tuple] = {}    # id(capture context) -> (module id -> path)
+_module_hook: RemovableHandle | None = None
+_paths: dict[int, tuple] = {}    # id(capture context) -> (module id -> path)
 
 
 def register_traced_tensor_hook(hook: TracedTensorHook) -> RemovableHandle:
@@ -45,16 +48,13 @@ def register_traced_tensor_hook(hook: TracedTensorHook) -> RemovableHandle:
 
 
 def _module_path(module: torch.nn.Module, ctx) -> str:
-    from cstorch.backend import current_backend_impl
-    from cstorch.core.name_scope import _ATTR as DEBUG_NAME
-
     name = getattr(module, DEBUG_NAME, None)
     if name is not None:
         return name
     key = id(ctx)
     if key not in _paths:
         _paths.clear()     # one capture at a time keeps its map
-        backend = current_backend_impl(raise_exception=False)
+        backend = current.backend()
         roots = backend.modules if backend is not None else []
         paths = {}
         for i, root in enumerate(roots):
@@ -67,8 +67,6 @@ def _module_path(module: torch.nn.Module, ctx) -> str:
 
 def _on_forward(module, args, output):
     global _module_hook
-    from cstorch.tracing import capturing
-
     if not _hooks:
         with _lock:
             if not _hooks and _module_hook is not None:

@@ -4,7 +4,7 @@ On a Cerebras system these functions are native bindings that attach attributes 
 compiler's IR. Here there is no such IR: an attribute is recorded on the tensor itself,
 readable with `get_attributes`, and has no effect on what is computed.
 """
-from typing import Any, Dict
+from typing import Any
 
 import torch
 
@@ -28,6 +28,6 @@ def set_attribute(tensor: torch.Tensor, name: str, value: Any) -> None:
     setattr(tensor, _ATTR, attrs)
 
 
-def get_attributes(tensor: torch.Tensor) -> Dict[str, Any]:
+def get_attributes(tensor: torch.Tensor) -> dict[str, Any]:
     """The attributes `set_attribute` recorded on `tensor` (empty if none)."""
     return dict(getattr(tensor, _ATTR, None) or {})

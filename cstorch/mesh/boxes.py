@@ -5,7 +5,6 @@ one: `num_csx` systems (the "systems" axis of the backend's jax mesh), each a wa
 of devices. A `Mesh` arranges boxes in an array; its axes are what a tensor's layout
 (`cstorch.mesh.sharding_spec`) splits over.
 """
-from typing import Optional
 
 import numpy as np
 
@@ -94,6 +93,6 @@ def cluster_mesh(num_systems: int) -> Mesh:
     return mesh
 
 
-def find_mesh(mesh) -> Optional[Mesh]:
+def find_mesh(mesh) -> Mesh | None:
     """`mesh` as a Mesh: itself, or the mesh of that id."""
     return mesh if isinstance(mesh, Mesh) else mesh_of(mesh)

@@ -6,6 +6,8 @@ import weakref
 
 import torch
 
+from cstorch.run.capture_context import is_capturing
+
 # Every metric constructed in this process, in order, for `get_all_metrics`; weak, so a
 # metric nobody holds any more is not listed.
 _REGISTRY: "list[weakref.ref]" = []
@@ -150,9 +152,7 @@ def get_all_metrics():
 
 def in_traced_step() -> bool:
     """Whether a traced step is being captured now (values cannot be read then)."""
-    # Imported here: cstorch.tracing.capture imports this module.
-    from cstorch.tracing.capture import capturing
-    return capturing.get() is not None
+    return is_capturing()
 
 
 def state_prefix(name) -> str:

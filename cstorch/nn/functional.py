@@ -11,7 +11,6 @@ rather than return a guess.
 
 import torch
 
-import cstorch  # noqa: F401  (the reference module has `cstorch` as an attribute)
 from cstorch.mesh import layout as _layout
 from cstorch.mesh.placement import ShardingSpec
 

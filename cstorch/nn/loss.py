@@ -14,7 +14,7 @@ import torch
 from torch.nn import _reduction
 
 from cstorch.nn.autogen import take_use_autogen
-from cstorch.tracing.capture import capturing
+from cstorch.run.capture_context import capturing
 
 __all__ = ["GaussianNLLLoss", "HuberLoss", "MultiMarginLoss", "SmoothL1Loss"]
 
@@ -32,7 +32,7 @@ def _arguments(owner: str, spec, args, kwargs) -> dict:
     return dict(bound.arguments)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _signature(spec) -> inspect.Signature:
     return inspect.signature(spec)
 

@@ -1,5 +1,5 @@
 """`cerebras.pytorch.nn.SelectiveGrad`: gradients for chosen elements of chosen weights."""
-from typing import Callable, Dict, Union
+from collections.abc import Callable
 
 import torch
 
@@ -7,7 +7,7 @@ from cstorch.utils.utils import FilterCallable, make_param_filter
 
 __all__ = ["SelectiveGrad"]
 
-InitMethod = Union[str, Callable[[torch.Tensor], torch.Tensor]]
+InitMethod = str | Callable[[torch.Tensor], torch.Tensor]
 _ATTR = "_cstorch_selective_grad"
 
 
@@ -42,7 +42,7 @@ class SelectiveGrad:
     program). Names are the parameters' paths from the module `apply` is called on.
     """
 
-    def __init__(self, param_filter: Union[str, list, FilterCallable, None] = None,
+    def __init__(self, param_filter: str | list | FilterCallable | None = None,
                  init_method: InitMethod = "nonzero"):
         self.param_filter = make_param_filter(param_filter) if param_filter is not None \
             else (lambda name, param: True)
@@ -57,7 +57,7 @@ class SelectiveGrad:
         else:
             raise TypeError(f"SelectiveGrad init_method must be a string or a callable, got "
                             f"{type(init_method).__name__}")
-        self.selected: Dict[str, torch.Tensor] = {}   # parameter name -> mask
+        self.selected: dict[str, torch.Tensor] = {}   # parameter name -> mask
 
     def __call__(self, module: torch.nn.Module) -> None:
         # `Module.apply` calls submodules before their parents: each call looks at the
@@ -89,7 +89,7 @@ class SelectiveGrad:
         return f"SelectiveGrad(selected={sorted(self.selected)})"
 
 
-def _masks(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
+def _masks(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     masks = module.__dict__.get(_ATTR)
     if masks is None:
         masks = {}

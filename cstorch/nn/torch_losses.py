@@ -9,7 +9,7 @@ import torch
 
 from cstorch.nn import ctc
 from cstorch.nn.autogen import take_use_autogen
-from cstorch.tracing.capture import capturing
+from cstorch.run.capture_context import capturing
 
 __all__ = [
     "BCELoss",

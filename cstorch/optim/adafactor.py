@@ -1,5 +1,4 @@
 """`cstorch.optim.Adafactor`: memory-light adaptive steps (Shazeer & Stern, 2018)."""
-from typing import Optional
 
 import torch
 
@@ -23,7 +22,7 @@ class Adafactor(U.ElementwiseOptimizer):
 
     coupled_weight_decay = False
 
-    def __init__(self, params: ParamsT, lr: Optional[float], eps=(1e-30, 0.001),
+    def __init__(self, params: ParamsT, lr: float | None, eps=(1e-30, 0.001),
                  clip_threshold=1.0, decay_rate=-0.8, beta1=None, weight_decay=0.0,
                  scale_parameter=True, relative_step=False, warmup_init=False):
         if lr is not None and relative_step:

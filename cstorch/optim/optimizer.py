@@ -14,6 +14,7 @@ import torch
 from torch.optim.optimizer import ParamsT  # noqa: F401  (the params type, re-exported)
 from torch.utils.hooks import RemovableHandle
 
+from bridge.device_tensor import DeviceTensor
 from cstorch.backend import current_or_cpu_backend
 
 
@@ -139,7 +140,6 @@ class Optimizer(torch.optim.Optimizer, ABC):
         adoption) are replaced here too, the per-parameter state re-keyed with them.
         Parameters on the host (an optimizer used eagerly, outside any compiled module)
         and their state are left alone: `on_device` tells whether a traced step may use it."""
-        from bridge.device_tensor import DeviceTensor
         rekey = {}
         for g, group in enumerate(self.param_groups):
             if type(group) is not ParamGroup:
@@ -171,7 +171,6 @@ class Optimizer(torch.optim.Optimizer, ABC):
     @property
     def on_device(self) -> bool:
         """Whether every parameter is state of a compiled module (a traced step can use it)."""
-        from bridge.device_tensor import DeviceTensor
         return all(isinstance(p, DeviceTensor) for p in self._params())
 
     def hyperparameters(self):
@@ -212,6 +211,14 @@ class Optimizer(torch.optim.Optimizer, ABC):
                 self.preinitialize()
             self._add_global_steps()
             backend.state.dirty = True
+
+
+def hyperparameters(optimizers):
+    """(where, group, key, tuple index, value) of every float hyperparameter of
+    `optimizers`, in order; `where` is (optimizer index, group index)."""
+    for o, opt in enumerate(optimizers):
+        for g, group, key, index, value in opt.hyperparameters():
+            yield (o, g), group, key, index, value
 
 
 _group_writes = [0]

@@ -18,13 +18,12 @@ import math
 import numbers
 import warnings
 from abc import ABC, abstractmethod
-from typing import List, Optional, Union
 
 import torch
 
 from cstorch.optim.optimizer import Optimizer
 
-TagsT = Union[str, List[Optional[str]], None]
+TagsT = str | list[str | None] | None
 
 
 class Scheduler(ABC):
@@ -43,7 +42,7 @@ class Scheduler(ABC):
     #: The hyperparameters, by their generic names, in `state_dict()` order.
     _hyper = ()
 
-    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: Optional[int],
+    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: int | None,
                  last_epoch: int = -1, param_group_tags: TagsT = None):
         name = type(self).__name__
         if not isinstance(optimizer, Optimizer):
@@ -146,7 +145,7 @@ class Scheduler(ABC):
                 else:
                     group[key] = value.clone()
 
-    def update_last_value(self):
+    def update_last_value(self):  # noqa: B027 (a hook subclasses may fill)
         """Make the values just written the ones `get_last_value()` reports. They are the
         driven groups' own tensors, written in place by `update_groups()` (inside a traced
         step those are the step's state), so there is nothing to copy here."""
@@ -256,7 +255,7 @@ class ConstantScheduler(Scheduler):
     _hyper = ("val",)
 
     def __init__(self, optimizer: torch.optim.Optimizer, val: float,
-                 total_iters: Optional[int] = None, param_group_tags: TagsT = None):
+                 total_iters: int | None = None, param_group_tags: TagsT = None):
         self.val = val
         super().__init__(optimizer, total_iters, param_group_tags=param_group_tags)
 
@@ -276,7 +275,8 @@ class PolynomialScheduler(Scheduler):
                  param_group_tags: TagsT = None):
         if cycle:
             warnings.warn(f"{type(self).__name__}(cycle=True) holds the end value after "
-                          f"total_iters, as the real package does: the decay does not restart")
+                          f"total_iters, as the real package does: the decay does not restart",
+                          stacklevel=2)
         self.initial_val, self.end_val, self.power, self.cycle = initial_val, end_val, power, cycle
         super().__init__(optimizer, total_iters, param_group_tags=param_group_tags)
 
@@ -419,7 +419,7 @@ class MultiStepScheduler(Scheduler):
     _hyper = ("initial_val", "gamma", "milestones")
 
     def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, gamma: float,
-                 milestones: List[int], param_group_tags: TagsT = None):
+                 milestones: list[int], param_group_tags: TagsT = None):
         self.initial_val, self.gamma, self.milestones = initial_val, gamma, sorted(milestones)
         super().__init__(optimizer, None, param_group_tags=param_group_tags)
 
@@ -510,13 +510,14 @@ class CyclicScheduler(Scheduler):
         if mode in ("triangular", "triangular2"):
             if scale_mode != "cycle":
                 warnings.warn(f"{type(self).__name__}: mode {mode!r} scales the amplitude per "
-                              f"cycle; scale_mode={scale_mode!r} does not apply (as in torch)")
+                              f"cycle; scale_mode={scale_mode!r} does not apply (as in torch)",
+                              stacklevel=2)
             scale_mode = "cycle"
         elif mode == "exp_range":
             scale_mode = "iterations"
         else:
             warnings.warn(f"{type(self).__name__}: mode {mode!r} is not one of {_CYCLIC_MODES}; "
-                          f"the first step() will raise")
+                          f"the first step() will raise", stacklevel=2)
         self.scale_mode = scale_mode
         super().__init__(optimizer, None, param_group_tags=param_group_tags)
 
@@ -574,7 +575,7 @@ class OneCycleScheduler(Scheduler):
         self.anneal_strategy = anneal_strategy
         if anneal_strategy not in _ANNEAL:
             warnings.warn(f"{type(self).__name__}: anneal_strategy {anneal_strategy!r} is not "
-                          f"one of {_ANNEAL}; the first step() will raise")
+                          f"one of {_ANNEAL}; the first step() will raise", stacklevel=2)
         super().__init__(optimizer, None, param_group_tags=param_group_tags)
 
     def _initial_values(self):
@@ -638,7 +639,7 @@ class ChainedScheduler(Scheduler):
     composes them). The schedulers must drive the same optimizer and key. Only this
     schedule needs stepping: the others supply their formulas."""
 
-    def __init__(self, schedulers: List[Scheduler], param_group_tags: TagsT = None):
+    def __init__(self, schedulers: list[Scheduler], param_group_tags: TagsT = None):
         name = type(self).__name__
         self._schedulers, optimizer = _same_optimizer_and_key(
             name, schedulers, self.param_group_key)
@@ -707,8 +708,8 @@ class SequentialScheduler(Scheduler):
     0, and so on (there is one milestone fewer than schedulers). Only this schedule needs
     stepping: the others supply their formulas."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, schedulers: List[Scheduler],
-                 milestones: List[int], last_epoch: int = -1, param_group_tags: TagsT = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, schedulers: list[Scheduler],
+                 milestones: list[int], last_epoch: int = -1, param_group_tags: TagsT = None):
         name = type(self).__name__
         self._milestones = _check_milestones(name, schedulers, milestones)
         self._schedulers, optimizer = _same_optimizer_and_key(
@@ -771,8 +772,8 @@ class PiecewiseConstantScheduler(SequentialScheduler):
     one more value than milestones. A `SequentialScheduler` of ``constant_cls`` schedules,
     one per value."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, constant_cls: type, vals: List[float],
-                 milestones: List[int], param_group_tags: TagsT = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, constant_cls: type, vals: list[float],
+                 milestones: list[int], param_group_tags: TagsT = None):
         name = type(self).__name__
         vals, milestones = list(vals), list(milestones)
         if len(vals) != len(milestones) + 1:

@@ -12,7 +12,6 @@ hyperparameter names (``initial_val``, ``end_val``, ``val``, ``base_val``, ``max
 ``CosineDecayWD(optimizer, initial_val=0.04, end_val=0.4, total_iters=...)`` as Model Zoo's
 configs write it. The generic ``*Scheduler`` bases are exported here too.
 """
-from typing import List
 
 import torch
 
@@ -109,8 +108,8 @@ class SequentialWD(WeightDecayScheduler, SequentialScheduler):
 class PiecewiseConstantWD(WeightDecayScheduler, PiecewiseConstantScheduler):
     """``vals[i]`` where i is the number of ``milestones`` reached."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, vals: List[float],
-                 milestones: List[int], param_group_tags: TagsT = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, vals: list[float],
+                 milestones: list[int], param_group_tags: TagsT = None):
         PiecewiseConstantScheduler.__init__(self, optimizer, ConstantWD, vals, milestones,
                                             param_group_tags=param_group_tags)
 

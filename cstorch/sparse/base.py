@@ -37,6 +37,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from cstorch.compile import CompiledModule
+from cstorch.run.capture_context import is_capturing
 from cstorch.sparse.init import initial_mask, make_init_method
 from cstorch.sparse.utils import HyperParameterSchedule, make_hyperparameter_schedule
 
@@ -62,11 +63,6 @@ class SparseParameter:
     @property
     def mask(self) -> torch.Tensor:
         return self.module._buffers[self.mask_name]
-
-
-def _tracing() -> bool:
-    from cstorch.tracing.capture import capturing
-    return capturing.get() is not None
 
 
 def _apply_root(module):
@@ -98,7 +94,7 @@ def _in_module_apply() -> bool:
     return False
 
 
-class SparsityAlgorithm(ABC):
+class SparsityAlgorithm(ABC):  # noqa: B024 (abstract by the reference, not by methods)
     """Base class of sparsity algorithms.
 
     ``sparsity``: the fraction of each chosen parameter's weights that are zero, in
@@ -122,7 +118,7 @@ class SparsityAlgorithm(ABC):
         self.init_method = make_init_method(init_method)
         #: Which parameters `sparsify_module` takes (a `Group` entry sets it; None: all).
         self.param_filter = None
-        self.sparse_params: "OrderedDict[str, SparseParameter]" = OrderedDict()
+        self.sparse_params: OrderedDict[str, SparseParameter] = OrderedDict()
         self.optimizers = []
         #: Update the masks after every `optimizer.step()`; when False, call `update()`.
         self.autoupdate = True
@@ -236,7 +232,7 @@ class SparsityAlgorithm(ABC):
         self._by_module[id(module)].append(sp)
         return sp
 
-    def csx_annotate_sparsity(self, param):
+    def csx_annotate_sparsity(self, param):  # noqa: B027 (nothing to do here, by design)
         """Tell the wafer compiler the sparsity of `param` (a `SparseParameter`). Nothing
         to do here: the masks are applied as ordinary ops, which every backend lowers."""
 
@@ -407,7 +403,7 @@ class SparsityAlgorithm(ABC):
                 is_update = self.update_schedule(step)
                 # Eagerly the update is skipped off its steps; traced, it is computed and
                 # selected, the step's value being unknown while tracing.
-                if _tracing() or bool(is_update):
+                if is_capturing() or bool(is_update):
                     level = self.sparsity(step)
                     for sp in owned:
                         mask = sp.mask

@@ -4,7 +4,6 @@ The module is itself callable: ``cstorch.sparse.configure(config)`` builds a `Gr
 ``from cerebras.pytorch.sparse.configure import default_sparse_param_filter`` imports the
 default filter, as Model Zoo does both.
 """
-import fnmatch
 import inspect
 import sys
 import types
@@ -15,6 +14,7 @@ import torch
 from cstorch.sparse.base import SparsityAlgorithm
 from cstorch.sparse.dynamic import DynamicSparsityAlgorithm
 from cstorch.sparse.group import Group
+from cstorch.sparse.param_filter import make_param_filter
 
 _SKIPPED = ("embedding", "norm", "lm_head", "pe_helper")
 
@@ -25,26 +25,6 @@ def default_sparse_param_filter(name: str, param: torch.Tensor) -> bool:
     helper (so biases, norms and embedding tables stay dense)."""
     lowered = name.lower()
     return param.dim() > 1 and not any(word in lowered for word in _SKIPPED)
-
-
-def make_param_filter(param_filter):
-    """A callable ``(name, param) -> bool`` from a glob of parameter names (``"*.weight"``,
-    ``"fc1.*"``, shell-style, matched against the whole name), a list of globs (any), or
-    a callable (kept)."""
-    if callable(param_filter):
-        return param_filter
-    if isinstance(param_filter, str):
-        patterns = [param_filter]
-    elif isinstance(param_filter, (list, tuple)) and param_filter \
-            and all(isinstance(p, str) for p in param_filter):
-        patterns = list(param_filter)
-    else:
-        raise TypeError(f"filter must be a string or list of strings, got {type(param_filter)}")
-
-    def matches(name, param):
-        return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
-    matches.patterns = patterns
-    return matches
 
 
 class UnknownSparsityAlgorithm(NameError, ValueError):

@@ -2,6 +2,7 @@
 from torch.utils.hooks import RemovableHandle
 
 from cstorch.sparse.base import SparsityAlgorithm
+from cstorch.sparse.param_filter import make_param_filter
 
 
 class Group(SparsityAlgorithm):
@@ -30,7 +31,6 @@ class Group(SparsityAlgorithm):
     def add(self, filter, algorithm: SparsityAlgorithm):  # noqa: A002  (the reference's name)
         """Give `algorithm` the parameters `filter` takes (a glob of parameter names, a
         list of globs or a callable ``(name, param) -> bool``) and no earlier group took."""
-        from cstorch.sparse.configure import make_param_filter  # configure imports this module
         if not isinstance(algorithm, SparsityAlgorithm):
             raise TypeError(f"a Group's algorithm must be a SparsityAlgorithm, got "
                             f"{type(algorithm).__name__}")

@@ -13,17 +13,21 @@ import argparse
 import os
 import secrets
 import sys
+import warnings
 
+import h5py
 import torch
 import torch.utils._pytree as pytree
+
+import cstorch.storage as storage
+from cstorch.storage.orbax import is_orbax_checkpoint
+from cstorch.storage.pytree import ensure_namedtuples_registered, leaf_keys
 
 FORMATS = ("hdf5", "orbax", "torch")
 
 
 def detect_format(path) -> str:
     """"orbax", "hdf5" or "torch" for an existing checkpoint at `path`."""
-    import h5py
-    from cstorch.storage.orbax import is_orbax_checkpoint
 
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -42,13 +46,11 @@ def detect_format(path) -> str:
 
 def read(path, lazy: bool = False):
     """The checkpoint's content, tensors on the host (HDF5 tensors lazily with `lazy`)."""
-    import cstorch.storage as storage
     return storage.load(path, map_location=None if lazy else "cpu")
 
 
 def write(obj, path, fmt: str, force: bool = False) -> list:
     """Write `obj` to `path` in format `fmt`; returns the keys that could not be stored."""
-    import cstorch.storage as storage
 
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -100,7 +102,6 @@ def _human(n: int) -> str:
 
 def entries(obj) -> list:
     """(key, kind, shape, dtype, bytes) of every leaf of a loaded checkpoint."""
-    from cstorch.storage.pytree import ensure_namedtuples_registered, leaf_keys
     ensure_namedtuples_registered(obj)
     leaves, spec = pytree.tree_flatten(obj)
     rows = []
@@ -156,7 +157,6 @@ def main(argv=None) -> int:
         if args.command == "inspect":
             print(inspect(args.path))
         else:
-            import warnings
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 dropped = convert(args.src, args.dst, args.to, force=args.force)

@@ -9,6 +9,7 @@ import threading
 import torch
 import torch.utils._pytree as pytree
 
+from cstorch.run import current
 from cstorch.storage.reader import load
 from cstorch.storage.writer import write_checkpoint
 
@@ -34,15 +35,13 @@ def to_deferred(tensors):
     it each time the tensor is used, so the host memory it held can be freed. Other leaves
     and the structure come back as they were; a tensor that appears twice stays one
     tensor."""
-    from cstorch.backend import current_backend_impl  # cstorch.backend imports storage
-
     leaves, spec = pytree.tree_flatten(tensors)
     picked = {str(i): leaf for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
     if not picked:
         return tensors
     path = _next_path()
     # Written on every process and outside `max_checkpoints`: the file is this process's.
-    write_checkpoint(picked, path, current_backend_impl(raise_exception=False))
+    write_checkpoint(picked, path, current.backend())
     loaded = load(path)
     leaves = [loaded[str(i)] if str(i) in picked else leaf for i, leaf in enumerate(leaves)]
     return pytree.tree_unflatten(leaves, spec)

@@ -2,6 +2,8 @@
 import numpy as np
 import torch
 
+from bridge.device_tensor import DeviceTensor
+
 # rtfx_dtypes ids written by the reference package, next to the dtype names.
 RTFX_IDS = {
     torch.bool: 1, torch.int16: 3, torch.int32: 4, torch.int64: 5, torch.uint8: 6,
@@ -37,7 +39,6 @@ def dtype_from_rtfx(ident: int) -> torch.dtype:
 def tensor_to_storage_array(t: torch.Tensor) -> np.ndarray:
     """A numpy array holding the tensor's bytes in its HDF5 storage dtype (bfloat16 and
     other dtypes numpy lacks travel as integers of the same width)."""
-    from bridge.device_tensor import DeviceTensor
     if isinstance(t, DeviceTensor):
         t = t.host()
     t = t.detach()

@@ -12,6 +12,8 @@ import threading
 import torch
 import torch.utils._pytree as pytree
 
+from cstorch.storage.dtypes import read_dataset
+
 _META_PROPS = ("shape", "dtype", "device", "ndim", "layout", "requires_grad", "is_leaf",
                "grad", "grad_fn", "is_cuda", "is_sparse", "is_quantized", "is_meta",
                "is_nested", "names", "_version", "output_nr", "is_mps", "is_xpu")
@@ -150,7 +152,6 @@ class FileSource:
         self._lock = threading.Lock()
 
     def read(self, key, dtype):
-        from cstorch.storage.dtypes import read_dataset
         with self._lock:
             try:
                 if self._file is None:

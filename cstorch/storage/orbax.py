@@ -20,10 +20,16 @@ import json
 import os
 import warnings
 
+import jax
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from bridge import numpy_to_tensor
+from bridge import tensor_to_numpy
+from bridge import to_jax_dtype
+from cstorch.run import current
+from cstorch.storage.dtypes import dtype_from_name
 from cstorch.storage.pytree import _child_names, children, ensure_namedtuples_registered
 from cstorch.storage.serializers import as_tensor
 
@@ -34,7 +40,7 @@ RUN_STATE, OBJECT = "run_state", "tree"
 
 
 def _ocp():
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # noqa: PLC0415 (heavy; only Orbax checkpoints need it)
     return ocp
 
 
@@ -111,7 +117,6 @@ def _tree_metadata(path):
 # dtypes -------------------------------------------------------------------------------
 
 def _tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
-    from bridge import tensor_to_numpy
     try:
         a = tensor_to_numpy(t)
         return a if a.flags.c_contiguous else a.copy()  # ascontiguousarray makes 0-d 1-d
@@ -120,8 +125,6 @@ def _tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def _numpy_to_tensor(arr, dtype_name=None) -> torch.Tensor:
-    from bridge import numpy_to_tensor
-    from cstorch.storage.dtypes import dtype_from_name
     return numpy_to_tensor(np.array(arr, copy=True), dtype_from_name(dtype_name) if dtype_name else None)
 
 
@@ -130,8 +133,7 @@ def _numpy_to_tensor(arr, dtype_name=None) -> torch.Tensor:
 def _backend(backend):
     if backend is not None:
         return backend
-    from cstorch.backend import current_backend_impl
-    b = current_backend_impl(raise_exception=False)
+    b = current.backend()
     if b is None:
         raise RuntimeError("no backend has been initialized; call cstorch.backend(...) and "
                            "cstorch.compile(model) before saving or loading run state")
@@ -178,7 +180,6 @@ def load_orbax(path, backend=None) -> dict:
     the backend's step count is set to the saved one. Returns the checkpoint's metadata
     (step count, backend type and mesh it was saved from).
     """
-    from bridge import to_jax_dtype
 
     ocp = _ocp()
     path = _existing_checkpoint(path)
@@ -224,7 +225,6 @@ def load_orbax(path, backend=None) -> dict:
 
 
 def _jax_struct(shape, dtype, sharding):
-    import jax
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
 
@@ -309,7 +309,6 @@ def save_tree_orbax(obj, path, *, overwrite: bool = False) -> list:
 def _restore_numpy(item_path):
     """Every array of an Orbax pytree item, on the host."""
     ocp = _ocp()
-    import jax
     meta_tree = _handler_metadata(item_path)
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta_tree)
     ckptr = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
@@ -318,7 +317,7 @@ def _restore_numpy(item_path):
 
 def _handler_metadata(item_path):
     ocp = _ocp()
-    from etils import epath
+    from etils import epath  # noqa: PLC0415 (comes with orbax, loaded only with it)
     return ocp.PyTreeCheckpointHandler().metadata(epath.Path(item_path)).tree
 
 

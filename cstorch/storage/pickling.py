@@ -54,7 +54,7 @@ class SafeUnpickler(pickle.Unpickler):
 def loads(data: bytes, allow_unsafe: bool = False, key: str = ""):
     if allow_unsafe:
         try:
-            import dill  # the reference package pickles with dill; use it when present
+            import dill  # noqa: PLC0415 (optional: the reference pickles with dill; used when present)
             return dill.loads(data)
         except ImportError:
             return pickle.loads(data)

@@ -8,6 +8,7 @@ import h5py
 import torch
 import torch.utils._pytree as pytree
 
+from cstorch.storage import orbax as _orbax
 from cstorch.storage import pickling
 from cstorch.storage.lazy import FileSource
 from cstorch.storage.pytree import children, leaf_keys
@@ -105,7 +106,6 @@ def load(ckpt_path, map_location=None, **kwargs):
         if not os.path.exists(name):
             raise RuntimeError(f"checkpoint {name} does not exist")
         if os.path.isdir(name):
-            from cstorch.storage import orbax as _orbax  # imports orbax only when needed
             if _orbax.is_orbax_checkpoint(name):
                 # Orbax data is read eagerly: it has no lazily read tensors.
                 result = _orbax.read_orbax(name)

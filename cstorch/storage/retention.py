@@ -2,16 +2,14 @@
 import os
 import threading
 
+from cstorch.run import current
+
 _written: list = []
 _lock = threading.Lock()
 
 
 def _limit():
-    try:
-        from cstorch.backend import current_backend_impl
-        backend = current_backend_impl(raise_exception=False)
-    except Exception:
-        return None
+    backend = current.backend()
     return getattr(backend, "max_checkpoints", None) if backend is not None else None
 
 

@@ -21,6 +21,8 @@ from cstorch.storage.creation import DeferredFullTensor
 from cstorch.storage.dtypes import (RTFX_IDS, dtype_from_name, dtype_from_rtfx,
                                     read_dataset, storage_numpy_dtype, tensor_to_storage_array)
 from cstorch.storage.lazy import FileTensor, LazyTensor
+import sys
+from bridge import numpy_to_tensor
 
 # Switches `cache_deferred_tensors` and `use_external_link` set (see there).
 _cache_deferred: contextvars.ContextVar = contextvars.ContextVar(
@@ -110,7 +112,6 @@ def leaf_metadata(key: str, inner: dict) -> str:
 
 
 def _jax_array_type():
-    import sys
     jax = sys.modules.get("jax")
     return getattr(jax, "Array", None) if jax is not None else None
 
@@ -121,7 +122,6 @@ def as_tensor(leaf):
         return leaf
     jax_array = _jax_array_type()
     if jax_array is not None and isinstance(leaf, jax_array):
-        from bridge import numpy_to_tensor
         return numpy_to_tensor(np.array(leaf, copy=True))
     return None
 

@@ -8,20 +8,22 @@ import h5py
 import torch.utils._pytree as pytree
 from tqdm.auto import tqdm
 
+from cstorch.backends import csx
+from cstorch.run import current
 from cstorch.storage import retention
-from cstorch.storage.pytree import ensure_namedtuples_registered, leaf_keys, stars, dumps_json
 from cstorch.storage.creation import DeferredFullTensor
-from cstorch.storage.utils import renamed_keywords
+from cstorch.storage.pytree import ensure_namedtuples_registered, leaf_keys, stars, dumps_json
 from cstorch.storage.serializers import (as_tensor, deferred_full_inner, external_source,
                                          leaf_metadata, link_inner, prepare_tensor, simple_inner,
                                          write_external_tensor, write_object, write_tensor)
+from cstorch.storage.utils import renamed_keywords
+from cstorch.version import __version__
 
 FORMAT_VERSION = 0.5
 _PROGRESS_MIN_BYTES = 256 << 20
 
 
 def _flags():
-    from cstorch.backends import csx
     return bool(csx.performance.compress_weights), int(csx.performance.transfer_processes)
 
 
@@ -59,9 +61,7 @@ def save(state_dict, ckpt_path):
     are deleted once this one is complete. In a multi-process run only the main process
     writes; on the others this does nothing (every process can `cstorch.load` the file).
     """
-    from cstorch.backend import current_backend_impl  # cstorch.backend imports storage
-
-    backend = current_backend_impl(raise_exception=False)
+    backend = current.backend()
     if backend is not None and not backend.is_main_process:
         return
     path = write_checkpoint(state_dict, ckpt_path, backend)
@@ -71,8 +71,6 @@ def save(state_dict, ckpt_path):
 def write_checkpoint(obj, checkpoint_file, backend):
     """Write the file of `save` (on every process, kept whatever `max_checkpoints` says);
     return its path."""
-    from cstorch import __version__
-
     path = os.fspath(checkpoint_file)
     if not isinstance(path, str):
         path = os.fsdecode(path)

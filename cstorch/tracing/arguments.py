@@ -13,6 +13,10 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from cstorch.compile import CompiledModule
+from cstorch.optim.optimizer import Optimizer
+from cstorch.state import TrackedTable
+
 _PLAIN = (int, float, str, bool, type(None), torch.dtype, torch.device, torch.Size)
 _SKIPPED_ATTRS = {"_parameters", "_buffers", "_modules", "_backward_hooks", "_backward_pre_hooks",
                   "_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
@@ -65,21 +69,18 @@ def fingerprint(value, depth: int = 0):
 
 def _cell_filled(cell):
     try:
-        cell.cell_contents
+        cell.cell_contents  # noqa: B018 (reading an empty cell raises)
         return True
     except ValueError:
         return False
 
 
 def _is_run_object(value):
-    from cstorch.compile import CompiledModule
-    from cstorch.optim.optimizer import Optimizer
     return isinstance(value, (CompiledModule, Optimizer)) or (
         isinstance(value, torch.nn.Module) and _is_compiled(value))
 
 
 def _is_compiled(module):
-    from cstorch.state import TrackedTable
     return isinstance(module.__dict__.get("_parameters"), TrackedTable)
 
 

@@ -14,19 +14,24 @@ import dataclasses
 import logging
 import os
 import statistics
-import sys
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
 import bridge
 import wafer
-from bridge.split import MicroBatchError, mark_gradients, split_at_gradients
+from bridge.device_tensor import GradSource
+from bridge.errors import MicroBatchError
+from bridge.split import mark_gradients, split_at_gradients
 from cstorch.backends import csx
+from cstorch.notices import inform
+from cstorch.optim.optimizer import hyperparameters
+from cstorch.run.capture_context import UnregisteredModule
 
 log = logging.getLogger("cstorch")
 _FLAG = "cstorch.backends.csx.performance.micro_batch_size"
@@ -178,19 +183,24 @@ def _make_key(key):
 # Choosing the size ------------------------------------------------------------------
 
 
-def capture(backend, call, name: str, capture_one: Callable):
-    """The program for this call under the flag; `capture_one(micro)` captures and
-    compiles the step with a `MicroBatching` (or None for the whole batch)."""
+def applies(backend, name: str) -> bool:
+    """Whether the step called `name` is captured micro-batched (or its size chosen):
+    on a CSX backend, unless the flag is None. Set on another backend, the flag warns."""
     value = setting(name)
     if not backend.is_csx:
         if value not in (None, "auto"):
             warnings.warn(
                 f"{_FLAG} = {csx.performance.micro_batch_size!r} is ignored on the "
                 f"{backend.backend_type} backend: micro-batching applies to CSX runs only, so "
-                f"{name} runs each batch whole", stacklevel=4)
-        return capture_one(None)
-    if value is None:
-        return capture_one(None)
+                f"{name} runs each batch whole", stacklevel=5)
+        return False
+    return value is not None
+
+
+def capture(backend, call, name: str, capture_one: Callable):
+    """The program for this call under the flag, where it `applies`; `capture_one(micro)`
+    captures and compiles the step with a `MicroBatching` (or None for the whole batch)."""
+    value = setting(name)
     if isinstance(value, int):
         return _with_size(backend, call, name, capture_one, value)
     if value == "auto":
@@ -244,7 +254,6 @@ def _auto(backend, call, name, capture_one):
                  "the batch" if batch is None else f"the batch of {batch}",
                  _size(used), _size(limit))
         return whole
-    from cstorch.tracing.capture import UnregisteredModule
     sizes = wafer.micro_batch.divisors(batch)[:-1]
     tried, programs = {batch: used}, {}
     best, lo, hi = None, 0, len(sizes) - 1
@@ -268,23 +277,23 @@ def _auto(backend, call, name, capture_one):
         raise
     except Exception as e:   # a step that cannot be micro-batched still runs, whole
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        print(f"cstorch: micro_batch_size 'auto' for {name}: the whole batch of {batch} needs "
-              f"{_size(used)} of {_size(limit)} per device ({source}), but the step cannot be "
-              f"micro-batched ({first}); it runs whole", file=sys.stderr)
+        inform(f"micro_batch_size 'auto' for {name}: the whole batch of {batch} needs "
+               f"{_size(used)} of {_size(limit)} per device ({source}), but the step cannot be "
+               f"micro-batched ({first}); it runs whole")
         _write_artifacts(backend, whole, name)
         return whole
     if best is None:   # a batch of one: nothing smaller to try
         return whole
     measured = ", ".join(f"{size}: {_size(u)}" for size, u in sorted(tried.items(), reverse=True))
     if not best_fits:
-        print(f"cstorch: micro_batch_size 'auto' for {name}: no micro-batch size fits "
-              f"{_size(limit)} per device ({source}); using {sizes[0]}, the smallest "
-              f"(measured per size: {measured})", file=sys.stderr)
+        inform(f"micro_batch_size 'auto' for {name}: no micro-batch size fits "
+               f"{_size(limit)} per device ({source}); using {sizes[0]}, the smallest "
+               f"(measured per size: {measured})")
     else:
-        print(f"cstorch: micro_batch_size 'auto' chose {best.micro_batch_size} for {name} "
-              f"(batch {batch}, {batch // best.micro_batch_size} micro-batches), the largest "
-              f"size that fits {_size(limit)} per device ({source}); measured per size: "
-              f"{measured}", file=sys.stderr)
+        inform(f"micro_batch_size 'auto' chose {best.micro_batch_size} for {name} "
+               f"(batch {batch}, {batch // best.micro_batch_size} micro-batches), the largest "
+               f"size that fits {_size(limit)} per device ({source}); measured per size: "
+               f"{measured}")
         _write_artifacts(backend, best, name)
     return best
 
@@ -342,7 +351,6 @@ class ExploreResult:
 def _explore(backend, call, name, capture_one, lo, hi):
     """Compile and time every candidate size on copies of the state, print the table,
     and return a program that runs the best size without training."""
-    from cstorch.tracing.capture import UnregisteredModule
     batch = batch_size(call)
     if batch is None:
         raise ValueError(f"{_FLAG} 'explore' needs a batch to cut, but {name} takes no tensor "
@@ -389,8 +397,7 @@ def _explore(backend, call, name, capture_one, lo, hi):
 
 
 def _hyper_vector(backend):
-    from cstorch.tracing.capture import hyperparameters
-    values = [v for *_, v in hyperparameters(backend) if v != 0]
+    values = [v for *_, v in hyperparameters(backend.optimizers) if v != 0]
     return np.asarray(values + [1 - v for v in values], np.float32)
 
 
@@ -439,7 +446,6 @@ class _NotTraining:
 
 
 def _not_training(program, result: ExploreResult) -> Any:
-    from bridge.device_tensor import GradSource
     return dataclasses.replace(
         program, compiled=_NotTraining(program.compiled), grad_outputs=list(program.grad_inputs),
         grad_layout=None, grad_source=GradSource(), grads_bound=-1, explored=result)

@@ -1,4 +1,6 @@
 """`cerebras.pytorch.utils`."""
+import importlib
+
 from cstorch.utils import (benchmark, call_once, data, kernel, nest, num_kv_groups, profiler,
                            tracker, utils)
 from cstorch.utils.cs_config import CSConfig
@@ -12,10 +14,8 @@ __all__ = ["benchmark", "data", "profiler", "CSConfig", "step_closure", "checkpo
 
 def __getattr__(name):
     # `tensorboard` is imported on first use: torch.utils.tensorboard and the tensorboard
-    # package add 0.1-0.3 s to `import cstorch`, paid by every program, though few of
-    # them write summaries.
+    # package would make `import cstorch` slower for every program, though few of them
+    # write summaries.
     if name == "tensorboard":
-        import importlib
-
         return importlib.import_module("cstorch.utils.tensorboard")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,24 +12,23 @@ by value, so a backend's arguments can key a cache (Model Zoo's trainer does).
 """
 import warnings
 from dataclasses import dataclass, fields
-from typing import List, Optional
 
 _EMULATED = {"num_csx", "num_workers_per_csx"}
 
 
 @dataclass
 class CSConfig:
-    mgmt_address: Optional[str] = None
-    credentials_path: Optional[str] = None
+    mgmt_address: str | None = None
+    credentials_path: str | None = None
     num_csx: int = 1
     max_wgt_servers: int = 24
     max_act_per_csx: int = 1
     num_workers_per_csx: int = 1
     transfer_processes: int = 5
-    job_time_sec: Optional[int] = None
-    mount_dirs: Optional[List[str]] = None
-    python_paths: Optional[List[str]] = None
-    job_labels: Optional[List[str]] = None
+    job_time_sec: int | None = None
+    mount_dirs: list[str] | None = None
+    python_paths: list[str] | None = None
+    job_labels: list[str] | None = None
     debug_args: object = None
     precision_opt_level: int = 1
 

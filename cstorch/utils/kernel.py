@@ -1,6 +1,6 @@
 """`cerebras.pytorch.utils.kernel`: choosing a compiler kernel for an op."""
 from dataclasses import dataclass
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from cstorch.core.annotation import AnnotationMode, create_annotation
 
@@ -17,7 +17,7 @@ def _kernel_attribute(config: KernelConfig, is_backward: bool):
     return AnnotationMode.Attribute("kernel", config.kernel)
 
 
-def kernel_annotater(kernel: Optional[str]) -> Callable[[Callable], Callable]:
+def kernel_annotater(kernel: str | None) -> Callable[[Callable], Callable]:
     """A decorator that asks for kernel `kernel` (a name such as ``"FLASH"``) for the ops
     of the function it wraps, forward and backward::
 

@@ -11,7 +11,8 @@ structure and yields ``(scope, child)`` pairs, `scope` a list of strings.
 """
 import importlib
 import inspect
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.utils._pytree as pytree
@@ -23,7 +24,7 @@ __all__ = ["recurse_spec", "visit_structure", "visit_torch_tensors", "visit_devi
            "diff", "register_visit_fn", "unregister_visit_fn", "find_visit_fn", "visit_dict",
            "visit_list_tuple", "serialize_visit_fns", "deserialize_visit_fns"]
 
-_visit_fns: Dict[type, Callable] = {}
+_visit_fns: dict[type, Callable] = {}
 
 
 def register_visit_fn(*types):
@@ -46,7 +47,7 @@ def unregister_visit_fn(*types):
         _visit_fns.pop(t, None)
 
 
-def find_visit_fn(struct) -> Optional[Callable]:
+def find_visit_fn(struct) -> Callable | None:
     """The visit function registered for `struct`'s type, or for the nearest of its base
     classes; None when there is none."""
     for t in type(struct).__mro__:
@@ -70,7 +71,7 @@ def visit_dict(struct):
         yield [str(key)], value
 
 
-def _children(struct) -> Optional[Iterator[Tuple[List[str], Any]]]:
+def _children(struct) -> Iterator[tuple[list[str], Any]] | None:
     """``(scope, child)`` of a structure, or None for a leaf."""
     fn = find_visit_fn(struct)
     if fn is not None:
@@ -90,7 +91,7 @@ def _key_name(entry) -> str:
     return str(entry)
 
 
-def recurse_spec(spec: pytree.TreeSpec, scope: Optional[List[str]] = None) -> Iterator[List[str]]:
+def recurse_spec(spec: pytree.TreeSpec, scope: list[str] | None = None) -> Iterator[list[str]]:
     """The scope of every leaf of a `torch.utils._pytree` spec, in the order
     `tree_flatten` gives the leaves, so that::
 
@@ -111,7 +112,7 @@ def recurse_spec(spec: pytree.TreeSpec, scope: Optional[List[str]] = None) -> It
 
 
 def visit_structure(data_structure: Any, select_fn, strict: bool = False,
-                    scope: Optional[List[str]] = None) -> Iterator[Tuple[List[str], Any]]:
+                    scope: list[str] | None = None) -> Iterator[tuple[list[str], Any]]:
     """(scope, leaf) for every leaf of `data_structure` (walked recursively, see the module
     doc) for which `select_fn(leaf)` is true. With `strict`, a leaf it rejects raises a
     TypeError instead of being skipped."""
@@ -130,8 +131,8 @@ def visit_structure(data_structure: Any, select_fn, strict: bool = False,
 
 
 def visit_torch_tensors(data_structure: Any, strict: bool = False,
-                        scope: Optional[List[str]] = None
-                        ) -> Iterator[Tuple[List[str], torch.Tensor]]:
+                        scope: list[str] | None = None
+                        ) -> Iterator[tuple[list[str], torch.Tensor]]:
     """(scope, tensor) for every tensor in the nested structure, other leaves skipped
     (an error with `strict`); `scope` (e.g. ``["input"]``) is prepended to every scope::
 
@@ -142,8 +143,8 @@ def visit_torch_tensors(data_structure: Any, strict: bool = False,
 
 
 def visit_device_tensors(data_structure: Any, device_type: str, strict: bool = False,
-                         scope: Optional[List[str]] = None
-                         ) -> Iterator[Tuple[List[str], torch.Tensor]]:
+                         scope: list[str] | None = None
+                         ) -> Iterator[tuple[list[str], torch.Tensor]]:
     """(scope, tensor) for every tensor on a device of type `device_type` (``"cpu"``,
     ``"cuda"``, ...)."""
     yield from visit_structure(
@@ -157,8 +158,8 @@ def _is_lazy(leaf) -> bool:
 
 
 def visit_lazy_tensors(data_structure: Any, strict: bool = False,
-                       scope: Optional[List[str]] = None
-                       ) -> Iterator[Tuple[List[str], torch.Tensor]]:
+                       scope: list[str] | None = None
+                       ) -> Iterator[tuple[list[str], torch.Tensor]]:
     """(scope, tensor) for every tensor held by the backend (the real package's lazy
     tensors: here a compiled model's parameters and a traced step's results)."""
     yield from visit_structure(data_structure, _is_lazy, strict=strict, scope=scope)
@@ -177,7 +178,7 @@ def _call(map_fn):
 
 
 def map_structure(map_fn: Callable, data_structure: Any, select_fn: Callable,
-                  scope: Optional[List[str]] = None) -> Any:
+                  scope: list[str] | None = None) -> Any:
     """A copy of `data_structure` in which every leaf that `select_fn` picks is replaced by
     ``map_fn(scope, leaf)`` (``map_fn(leaf)`` for a function of one argument). Lists,
     tuples, namedtuples and dicts are rebuilt as their own type; other leaves are kept."""
@@ -211,24 +212,24 @@ def _map(fn, struct, select_fn, scope):
 
 
 def map_torch_tensors(map_fn: Callable, data_structure: Any,
-                      scope: Optional[List[str]] = None) -> Any:
+                      scope: list[str] | None = None) -> Any:
     """`map_structure` over the tensors of `data_structure`."""
     return map_structure(map_fn, data_structure, lambda x: isinstance(x, torch.Tensor), scope)
 
 
 def map_lazy_tensors(map_fn: Callable, data_structure: Any,
-                     scope: Optional[List[str]] = None) -> Any:
+                     scope: list[str] | None = None) -> Any:
     """`map_structure` over the backend's tensors in `data_structure` (see
     `visit_lazy_tensors`)."""
     return map_structure(map_fn, data_structure, _is_lazy, scope)
 
 
-def diff(data_structure_1: Any, data_structure_2: Any) -> List[str]:
+def diff(data_structure_1: Any, data_structure_2: Any) -> list[str]:
     """Where two structures differ, one line per difference, each naming the dotted scope:
     a key or index only one of them has, containers of different types, or leaves that
     differ (tensors by shape, dtype and value, other leaves by ``==``). Empty when they
     are the same."""
-    out: List[str] = []
+    out: list[str] = []
     _diff(data_structure_1, data_structure_2, [], out)
     return out
 
@@ -294,13 +295,13 @@ def _resolve(path: str):
     raise ImportError(f"cannot import {path!r}")
 
 
-def serialize_visit_fns() -> Dict[str, str]:
+def serialize_visit_fns() -> dict[str, str]:
     """The registered visit functions as ``{type path: function path}`` (dotted import
     paths), for `deserialize_visit_fns` in another process."""
     return {_path(t): _path(fn) for t, fn in _visit_fns.items()}
 
 
-def deserialize_visit_fns(visit_fn_map: Dict[str, str]) -> None:
+def deserialize_visit_fns(visit_fn_map: dict[str, str]) -> None:
     """Import and register the visit functions of a `serialize_visit_fns` map."""
     for type_path, fn_path in visit_fn_map.items():
         register_visit_fn(_resolve(type_path))(_resolve(fn_path))

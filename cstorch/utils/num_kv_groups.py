@@ -1,6 +1,6 @@
 """`cerebras.pytorch.utils.num_kv_groups`: telling the compiler about grouped attention."""
 from dataclasses import dataclass
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from cstorch.core.annotation import AnnotationMode, create_annotation
 
@@ -17,7 +17,7 @@ def _groups_attribute(config: GroupsConfig, is_backward: bool):
     return AnnotationMode.Attribute("num_kv_groups", config.num_kv_groups)
 
 
-def groups_annotater(num_kv_groups: Optional[int]) -> Callable[[Callable], Callable]:
+def groups_annotater(num_kv_groups: int | None) -> Callable[[Callable], Callable]:
     """A decorator that tells the compiler the ops of the wrapped function work on
     `num_kv_groups` key/value groups (multi-query and grouped-query attention)::
 

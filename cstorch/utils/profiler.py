@@ -7,7 +7,7 @@ and `on_step(batch, samples)` with the step's batch) and when it ends. A
 `cstorch.profiler.profile` that is open hears of every run too.
 """
 import time
-from typing import Any, Dict, List, Optional, Type
+from typing import Any
 
 from cstorch.profiler import ProfilerRegistry
 
@@ -18,7 +18,7 @@ class Activity:
     `name` (the class name by default): ``executor.profiler.activities[name]``, or
     ``executor.profiler.<name>``."""
 
-    name: Optional[str] = None
+    name: str | None = None
 
     def update(self) -> None:
         """A step finished: update the activity."""
@@ -32,7 +32,7 @@ class Activity:
     def on_stop(self) -> None:
         """The run ended."""
 
-    def summary(self) -> Dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         """The activity's results, for printing and logging."""
         return {}
 
@@ -54,9 +54,9 @@ class RateTracker(Activity):
         self.total_samples = 0
         self.total_steps = 0
         self.rate = 0.0
-        self._start: Optional[float] = None
-        self._last: Optional[float] = None
-        self._end: Optional[float] = None
+        self._start: float | None = None
+        self._last: float | None = None
+        self._end: float | None = None
 
     def on_start(self):
         self._start = self._last = time.perf_counter()
@@ -97,10 +97,10 @@ class Profiler:
     """The activities of one executor run, by name: `profiler.rate_tracker`,
     `profiler.activities["name"]`."""
 
-    def __init__(self, activities: Optional[List[Type[Activity]]] = None):
+    def __init__(self, activities: list[type[Activity]] | None = None):
         self._profile = None   # the cstorch.profiler.profile open during the run
         self.rate_tracker = RateTracker()
-        self.activities: Dict[str, Activity] = {self.rate_tracker.name: self.rate_tracker}
+        self.activities: dict[str, Activity] = {self.rate_tracker.name: self.rate_tracker}
         for cls in activities or []:
             if not (isinstance(cls, type) and issubclass(cls, Activity)):
                 raise TypeError(
@@ -143,5 +143,5 @@ class Profiler:
             self._profile.on_run_stop()
             self._profile = None
 
-    def summary(self) -> Dict[str, Dict[str, Any]]:
+    def summary(self) -> dict[str, dict[str, Any]]:
         return {name: a.summary() for name, a in self.activities.items()}

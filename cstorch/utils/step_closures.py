@@ -1,28 +1,23 @@
 """`step_closure` and `checkpoint_closure`: Python that runs after a step, with its values."""
 import functools
-from typing import List
 
 import torch
 import torch.utils._pytree as pytree
 
-from cstorch import backend as _backend
-from cstorch.tracing import capturing
+from cstorch.backend import ltc_backend
+from cstorch.run.capture_context import capturing
+from cstorch.run.current import current_backend_impl
 from cstorch.utils.data.executor import defer_checkpoint_closure, defer_step_closure
 
 __all__ = ["step_closure", "checkpoint_closure", "StepClosureContext", "RepeatStepClosure",
            "current_backend_impl"]
 
 
-def current_backend_impl(raise_exception: bool = True):
-    """The current backend; with none, a RuntimeError, or None if not `raise_exception`."""
-    return _backend.current_backend_impl(raise_exception=raise_exception)
-
-
 class StepClosureContext:
     """Which step closures are running: `step_closure_stack` holds the names of the
     closures being run, innermost last (empty outside of any)."""
 
-    step_closure_stack: List[str] = []
+    step_closure_stack: list[str] = []
 
     @classmethod
     def wrap(cls, closure):
@@ -69,7 +64,6 @@ def _receiving(closure):
 
     @functools.wraps(closure)
     def run(*args, **kwargs):
-        from cstorch.backend import ltc_backend
         if ltc_backend.has_hooks():
             for i, leaf in enumerate(pytree.tree_leaves((args, kwargs))):
                 if isinstance(leaf, torch.Tensor):

@@ -19,7 +19,6 @@ import json
 import numbers
 import os
 import time
-from typing import Dict, List, Optional, Set, Union
 
 import numpy as np
 import torch
@@ -53,7 +52,7 @@ def _validate_base_step(base_step) -> int:
     return int(base_step)
 
 
-def _tensor_parts(name) -> List[str]:
+def _tensor_parts(name) -> list[str]:
     """The folders of ``name`` under ``tensors/``; refuses names that would leave it."""
     if not isinstance(name, str):
         raise TypeError(f"add_tensor takes a str name, got {type(name).__name__}")
@@ -257,7 +256,7 @@ class SummaryReader:
     The files are read on construction; :meth:`reload` reads what was written since.
     """
 
-    def __init__(self, log_dirs: str, filter: Optional[str] = None, **kwargs):  # pylint: disable=redefined-builtin
+    def __init__(self, log_dirs: str, filter: str | None = None, **kwargs):  # pylint: disable=redefined-builtin
         if isinstance(log_dirs, (str, os.PathLike)):
             log_dirs = [log_dirs]
         elif not isinstance(log_dirs, (list, tuple)):
@@ -278,9 +277,9 @@ class SummaryReader:
         size_guidance[event_accumulator.TENSORS] = 0
         size_guidance.update(kwargs.pop("size_guidance", None) or {})
         self._multiplexer = EventMultiplexer(size_guidance=size_guidance, **kwargs)
-        self._scalars: Dict[str, list] = {}    # name -> [(run, is a tensor)]
-        self._texts: Dict[str, list] = {}      # tag -> [run]
-        self._tensors: Dict[str, list] = {}    # name -> [folder of .pt files]
+        self._scalars: dict[str, list] = {}    # name -> [(run, is a tensor)]
+        self._texts: dict[str, list] = {}      # tag -> [run]
+        self._tensors: dict[str, list] = {}    # name -> [folder of .pt files]
         self.reload()
 
     def reload(self):
@@ -320,7 +319,7 @@ class SummaryReader:
         return self._filter is None or fnmatch.fnmatchcase(
             name, glob.escape(self._filter) + "*/*")
 
-    def _names(self, index, name) -> List[str]:
+    def _names(self, index, name) -> list[str]:
         """The names of ``index`` that ``name`` means: itself, a glob over the names, or
         with a filter also the name within its group."""
         if name in index:
@@ -330,7 +329,7 @@ class SummaryReader:
             patterns.append(glob.escape(self._filter) + "*/" + name)
         return sorted(n for n in index if any(fnmatch.fnmatchcase(n, p) for p in patterns))
 
-    def _scalar_events(self, name) -> List[ScalarEvent]:
+    def _scalar_events(self, name) -> list[ScalarEvent]:
         events = []
         for tag in self._names(self._scalars, name):
             for run, is_tensor in self._scalars[tag]:
@@ -343,7 +342,7 @@ class SummaryReader:
                     for e in self._multiplexer.Tensors(run, tag))
         return sorted(events, key=lambda e: e.step)
 
-    def read_scalar(self, name: str, step: int = None) -> Union[List[ScalarEvent], ScalarEvent]:
+    def read_scalar(self, name: str, step: int = None) -> list[ScalarEvent] | ScalarEvent:
         """Returns the values of scalar ``name`` (a glob pattern such as ``"train/*"`` reads
         every scalar it matches).
 
@@ -367,7 +366,7 @@ class SummaryReader:
             raise KeyError(f"Could not find scalar {name} at step {step}")
         return max(at_step, key=lambda e: e.wall_time)
 
-    def Scalars(self, name: str) -> List[ScalarEvent]:  # pylint: disable=invalid-name
+    def Scalars(self, name: str) -> list[ScalarEvent]:  # pylint: disable=invalid-name
         """The values of scalar ``name``: :meth:`read_scalar` without a step."""
         return self.read_scalar(name)
 
@@ -395,7 +394,7 @@ class SummaryReader:
                     at = f.split(".", 1)[0]
                     if step is None or at == str(step):
                         files.append(os.path.join(folder, f))
-        by_step: Dict[int, List[TensorDescriptor]] = {}
+        by_step: dict[int, list[TensorDescriptor]] = {}
         for path in files:
             content = torch.load(path, map_location="cpu", weights_only=True)
             descriptor = TensorDescriptor(int(content["step"]), int(content["ns_since_epoch"]),
@@ -410,23 +409,23 @@ class SummaryReader:
             return pick(by_step[step])
         return {s: pick(by_step[s]) for s in sorted(by_step)}
 
-    def scalar_names(self) -> Set[str]:
+    def scalar_names(self) -> set[str]:
         """The names of all scalars (those the filter keeps)."""
         return set(self._scalars)
 
-    def scalar_groups(self) -> Set[str]:
+    def scalar_groups(self) -> set[str]:
         """The groups of the scalar names: the part before the first ``"/"``."""
         return {name.split("/", 1)[0] for name in self._scalars if "/" in name}
 
-    def tensor_names(self) -> Set[str]:
+    def tensor_names(self) -> set[str]:
         """The names of all tensor summaries (those the filter keeps)."""
         return set(self._tensors)
 
-    def text_summary_names(self) -> List[str]:
+    def text_summary_names(self) -> list[str]:
         """The sorted names of all text summaries, as given to ``add_text``."""
         return sorted(tag[: -len(_TEXT_TAG_SUFFIX)] for tag in self._texts)
 
-    def read_text_summary(self, name: str, step: int = None) -> Union[List[TensorEvent], TensorEvent]:
+    def read_text_summary(self, name: str, step: int = None) -> list[TensorEvent] | TensorEvent:
         """Returns the values of text summary ``name``.
 
         Args:
@@ -454,7 +453,7 @@ class SummaryReader:
             raise RuntimeError(f"Could not find text_summary {tag} at step {step}")
         return max(at_step, key=lambda e: e.wall_time)
 
-    def Tags(self) -> Dict[str, List[str]]:  # pylint: disable=invalid-name
+    def Tags(self) -> dict[str, list[str]]:  # pylint: disable=invalid-name
         """The event files' tags of all runs together: ``{"scalars": [...], "tensors":
         [...]}``, sorted. Scalars stored as tensors and text tags are under ``"tensors"``;
         the tensors of :meth:`SummaryWriter.add_tensor` are not in the event files."""

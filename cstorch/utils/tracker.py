@@ -1,6 +1,5 @@
 """`cerebras.pytorch.utils.tracker`: counting samples and the rate they go at."""
 import time
-from typing import Optional
 
 __all__ = ["RateTracker"]
 
@@ -31,7 +30,7 @@ class RateTracker:
         self._start = now
         self._last_time = now
         self._last_count = 0
-        self._rate: Optional[float] = None
+        self._rate: float | None = None
         self.total_count = 0
 
     def add(self, count) -> None:

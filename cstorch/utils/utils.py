@@ -4,7 +4,8 @@ import contextlib
 import fnmatch
 import os
 import re
-from typing import Callable, List, Pattern, Union
+from re import Pattern
+from collections.abc import Callable
 
 import torch
 
@@ -15,7 +16,7 @@ FilterCallable = Callable[[str, torch.Tensor], bool]
 """A parameter filter: ``(name, param) -> bool``, true for the parameters it selects."""
 
 
-def convert_glob_to_regex(f: Union[str, Pattern]) -> Pattern:
+def convert_glob_to_regex(f: str | Pattern) -> Pattern:
     """The compiled regular expression of a glob pattern (``*`` any run of characters,
     ``?`` one character, ``[abc]`` one of a set, as `fnmatch` reads them), matching whole
     names: ``"*proj_[qkv]*.weight"`` matches ``"layers.0.proj_q_dense.weight"``. Use it
@@ -28,7 +29,7 @@ def convert_glob_to_regex(f: Union[str, Pattern]) -> Pattern:
     return re.compile("^" + fnmatch.translate(f))
 
 
-def make_param_filter(param_filter: Union[str, List[str], FilterCallable]) -> FilterCallable:
+def make_param_filter(param_filter: str | list[str] | FilterCallable) -> FilterCallable:
     """A `FilterCallable` from a glob pattern, a list of them (a parameter is selected if
     any matches its name) or a filter callable (returned as is)."""
     if callable(param_filter) and not isinstance(param_filter, (str, re.Pattern)):

@@ -167,9 +167,9 @@ def test_multilabel_margin_loss_backward(reduction):
 @pytest.mark.parametrize("reduction", [0, 1, 2])
 def test_multilabel_margin_loss_forward_lowering(reduction):
     lowered = jax.jit(LOWERINGS[aten.multilabel_margin_loss_forward.default], static_argnums=2)
-    x = _randn(4, 5)
-    for x, target in [(x, MULTILABEL_TARGET), (x[0], MULTILABEL_TARGET[0]),
-                      (x[0, 0], torch.tensor(-1))]:
+    full = _randn(4, 5)
+    for x, target in [(full, MULTILABEL_TARGET), (full[0], MULTILABEL_TARGET[0]),
+                      (full[0, 0], torch.tensor(-1))]:
         want = aten.multilabel_margin_loss_forward(x, target, reduction)
         got = lowered(x.numpy(), target.numpy(), reduction)
         for ours, theirs in zip(got, want):

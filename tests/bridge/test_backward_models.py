@@ -11,7 +11,7 @@ from torch import nn
 
 import bridge
 import cerebras.pytorch as cstorch
-from tests.foundation.models import rel_err
+from tests.models import rel_err
 
 TOL = 1e-5
 

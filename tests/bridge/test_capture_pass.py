@@ -197,10 +197,10 @@ def test_stack_traces_keep_module_frames_and_skip_torch_machinery():
 
 def test_every_file_torch_calls_uninteresting_is_skipped():
     from torch.fx.experimental.symbolic_shapes import uninteresting_files
-    from bridge.capture import _machinery
-    assert [f for f in uninteresting_files() if not _machinery(f)] == []
-    assert not _machinery(torch.nn.modules.linear.__file__)
-    assert not _machinery(__file__)
+    from bridge.user_line import machinery
+    assert [f for f in uninteresting_files() if not machinery(f)] == []
+    assert not machinery(torch.nn.modules.linear.__file__)
+    assert not machinery(__file__)
 
 
 def test_nodes_without_a_user_frame_cost_no_stack_extraction(monkeypatch):

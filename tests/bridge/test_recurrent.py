@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import bridge
 import cerebras.pytorch as cstorch
-from tests.foundation.models import rel_err
+from tests.models import rel_err
 
 TOL = 1e-5
 INPUT, HIDDEN, BATCH, SEQ = 5, 8, 3, 6

@@ -87,7 +87,7 @@ def test_forward_backward_matches_eager(name):
     got = jax.jit(bridge.lower(gm))(*[bridge.tensor_to_jax(t) for t in flat])
     want = step(ids, *[p.detach().clone().requires_grad_(True) for p in params.values()])
     _close(got[0], want[0])
-    for g, w, n in zip(got[1:], want[1:], names):
+    for g, w, _n in zip(got[1:], want[1:], names):
         if w is None:
             continue
         # grads that are zero in exact arithmetic (biases before a softmax) are rounding noise

@@ -2,7 +2,6 @@
 cstorch.lib.cerebras_pytorch_lib.set_attribute: attributes are recorded on the traced
 graph and on the function, and what is computed does not change."""
 from dataclasses import asdict, dataclass, field, fields
-from typing import List, Optional
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ CS = "cs.internal"
 # Annotation configs written the way Model Zoo writes them.
 @dataclass
 class NamedConfig(AnnotationMode.Config):
-    name: Optional[str]
+    name: str | None
 
 
 def named_attribute(config, is_backward):
@@ -48,7 +47,7 @@ def wit_attribute(config, is_backward):
 
 @dataclass
 class MaskRangeConfig(AnnotationMode.Config):
-    value: List
+    value: list
     enable_fwd: bool = field(default=True, init=False)
     enable_bwd: bool = field(default=True, init=False)
 

@@ -41,7 +41,7 @@ def test_backend_package_names_import_as_model_zoo_writes_them():
 def test_current_backend_impl_raise_exception(monkeypatch):
     from cerebras.pytorch.backend import current_backend_impl
     backend_module = importlib.import_module("cstorch.backend")
-    monkeypatch.setattr(backend_module, "_current", None)
+    monkeypatch.setattr(importlib.import_module("cstorch.run.current"), "_backend", None)
     assert current_backend_impl(raise_exception=False) is None
     with pytest.raises(RuntimeError, match="no backend"):
         current_backend_impl()

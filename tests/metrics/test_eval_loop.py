@@ -10,7 +10,7 @@ import torch.nn as nn
 import cerebras.pytorch as cstorch
 from cerebras.pytorch.metrics import AccuracyMetric, MeanMetric, PerplexityMetric
 from cerebras.pytorch.metrics.metric import Metric
-from tests.foundation.models import TinyGPT
+from tests.models import TinyGPT
 
 VOCAB, SEQ, BATCH, STEPS = 61, 16, 4, 3
 

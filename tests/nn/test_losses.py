@@ -12,7 +12,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from tests.conftest import SHARED
-from tests.foundation.models import rel_err
+from tests.models import rel_err
 
 with open(os.path.join(SHARED, "fixtures", "behaviour.json")) as f:
     SCENARIO = json.load(f)["scenarios"]["nn_losses"]

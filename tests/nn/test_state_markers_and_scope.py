@@ -5,7 +5,7 @@ import copy
 import torch
 
 import cerebras.pytorch as cstorch
-from tests.foundation.models import rel_err
+from tests.models import rel_err
 
 
 class Scaled(torch.nn.Module):

@@ -169,7 +169,7 @@ def test_tensor_hyperparameters_step_like_floats(case):
             # signs), so their tolerance is relative to the entry's scale.
             scale = value.abs().max().clamp_min(1e-30).item()
             torch.testing.assert_close(state_t[i][key], value, rtol=RTOL, atol=10 * ATOL * scale,
-                                       msg=lambda m: f"state {i}.{key}: {m}")
+                                       msg=lambda m: f"state {i}.{key}: {m}")  # noqa: B023 (used within this iteration)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -187,7 +187,7 @@ def test_decimal_float_hyperparameters_step_like_their_float32_tensors(case):
     _, expected = _run(cls_name, kwargs, steps, tensors=False)
     _, actual = _run(cls_name, kwargs, steps, tensors=True)
     for i, (a, e) in enumerate(zip(actual, expected)):
-        torch.testing.assert_close(a, e, rtol=1e-5, atol=ATOL, msg=lambda m: f"parameter {i}: {m}")
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=ATOL, msg=lambda m: f"parameter {i}: {m}")  # noqa: B023 (used within this iteration)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

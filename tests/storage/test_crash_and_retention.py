@@ -49,8 +49,8 @@ def test_sigkill_mid_save_keeps_previous(tmp_path):
 
 
 def _backend(monkeypatch, n):
-    backend_mod = sys.modules["cstorch.backend"]  # `cstorch.backend` the attribute is a function
-    monkeypatch.setattr(backend_mod, "current_backend_impl", lambda *a, **k: types.SimpleNamespace(
+    """A stand-in for the current backend (the run core's slot), keeping `n` checkpoints."""
+    monkeypatch.setattr(sys.modules["cstorch.run.current"], "_backend", types.SimpleNamespace(
         max_checkpoints=n, is_main_process=True))
 
 

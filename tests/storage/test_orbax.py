@@ -42,7 +42,7 @@ def _batch(i):
 
 def _snapshot(model, optimizer):
     out = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
-    for i, (p, st) in enumerate(optimizer.state.items()):
+    for i, (_p, st) in enumerate(optimizer.state.items()):
         out[f"opt.{i}"] = st["momentum_buffer"].detach().clone()
     return out
 

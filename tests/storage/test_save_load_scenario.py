@@ -21,7 +21,7 @@ CASES = SCENARIO["cases"]
 @pytest.fixture
 def fresh(monkeypatch):
     """A process with no backend yet, whichever the test then makes."""
-    monkeypatch.setattr(importlib.import_module("cstorch.backend"), "_current", None)
+    monkeypatch.setattr(importlib.import_module("cstorch.run.current"), "_backend", None)
 
 
 def _attr(value):

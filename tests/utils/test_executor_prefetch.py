@@ -110,7 +110,7 @@ def test_a_batch_read_ahead_and_left_unused_starts_the_next_executor(uploads):
         step(x, y)
         if len(seen) == 2:
             break   # batch 3 was read ahead
-    for x, y in DataExecutor(loader, num_steps=2):
+    for x, _y in DataExecutor(loader, num_steps=2):
         seen.append(x)
     assert all(torch.equal(a, b[0]) for a, b in zip(seen, data[:4]))
 

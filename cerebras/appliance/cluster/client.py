@@ -5,7 +5,7 @@ a Wafer-Scale Cluster). There is no such service here: the client accepts and ch
 what it is given, and drops it. Model Zoo creates one only when `backend.is_csx`.
 """
 import logging
-from typing import Any, Dict, Optional
+from typing import Any
 
 _logger = logging.getLogger("cerebras.appliance.cluster")
 
@@ -38,7 +38,7 @@ class TelemetryClient:
         self.flush()
         return False
 
-    def push(self, metrics: Dict[str, Any], labels: Optional[Dict[str, str]] = None) -> None:
+    def push(self, metrics: dict[str, Any], labels: dict[str, str] | None = None) -> None:
         """Check `metrics` (name -> number) and `labels` (str -> str), then drop them."""
         if not isinstance(metrics, dict):
             raise TypeError(f"metrics must be a dict of name to number, got "

@@ -8,9 +8,8 @@ recognises `s3://` paths only to refuse them: this project reads and writes loca
 """
 import os
 import re
-from typing import List, Type, Union
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 
@@ -29,7 +28,7 @@ class _Storage:
     """What the three roles share: a registry of backends and dispatch on the path."""
 
     _role: str = ""
-    _backends: List[Type["_Storage"]] = []
+    _backends: list[type["_Storage"]] = []
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -6,7 +6,7 @@ Orbax checkpoint directories); `global_metadata` is empty for those.
 """
 import os
 import shutil
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from cerebras.appliance.storage.base_storage import (
     PathLike,
@@ -53,7 +53,7 @@ class H5Reader(StorageReader):
         super().__init__(path)
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"checkpoint {self.path} does not exist")
-        self._entries: Optional[Dict[str, Any]] = None
+        self._entries: dict[str, Any] | None = None
 
     @classmethod
     def is_valid_path(cls, path: PathLike) -> bool:
@@ -68,8 +68,8 @@ class H5Reader(StorageReader):
         return os.stat(self.path)
 
     @property
-    def global_metadata(self) -> Dict[str, Any]:
-        import h5py
+    def global_metadata(self) -> dict[str, Any]:
+        import h5py  # noqa: PLC0415 (the appliance loads cstorch on first use)
 
         if os.path.isdir(self.path) or not h5py.is_hdf5(self.path):
             return {}
@@ -79,21 +79,21 @@ class H5Reader(StorageReader):
 
     def load(self, map_location=None, **kwargs):
         """The whole checkpoint, exactly as `cstorch.load(path, map_location, ...)`."""
-        import cstorch
+        import cstorch  # noqa: PLC0415 (the appliance loads cstorch on first use)
 
         return cstorch.load(self.path, map_location=map_location, **kwargs)
 
-    def _index(self) -> Dict[str, Any]:
+    def _index(self) -> dict[str, Any]:
         if self._entries is None:
-            import torch.utils._pytree as pytree
+            import torch.utils._pytree as pytree  # noqa: PLC0415 (loaded on first use)
 
-            from cstorch.storage.pytree import leaf_keys
+            from cstorch.storage.pytree import leaf_keys  # noqa: PLC0415 (loaded on first use)
 
             leaves, spec = pytree.tree_flatten(self.load())
             self._entries = dict(zip(leaf_keys(spec), leaves))
         return self._entries
 
-    def keys(self) -> List[str]:
+    def keys(self) -> list[str]:
         return list(self._index())
 
     def __contains__(self, key) -> bool:
@@ -134,7 +134,7 @@ class H5Writer(StorageWriter):
             raise ValueError(f"H5Writer writes local paths, got {os.fspath(path)!r}; use "
                              f"StorageWriter.get(path) to pick the writer for a path")
         super().__init__(path)
-        self._pending: Dict[str, Any] = {}
+        self._pending: dict[str, Any] = {}
 
     @classmethod
     def is_valid_path(cls, path: PathLike) -> bool:
@@ -145,7 +145,7 @@ class H5Writer(StorageWriter):
         return _is_local(path) and os.path.exists(os.fspath(path))
 
     def write(self, obj) -> None:
-        import cstorch
+        import cstorch  # noqa: PLC0415 (the appliance loads cstorch on first use)
 
         cstorch.save(obj, self.path)
 

@@ -1,8 +1,7 @@
 """Class discovery."""
-from typing import List, Type
 
 
-def retrieve_all_subclasses(cls: Type) -> List[Type]:
+def retrieve_all_subclasses(cls: type) -> list[type]:
     """Every subclass of `cls` at any depth, each once, in depth-first order of
     `__subclasses__()`; `cls` itself is not included. Only classes already defined (their
     modules imported) can be found."""

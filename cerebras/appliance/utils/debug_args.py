@@ -10,12 +10,12 @@ installation.
 """
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any
 
 from cstorch.backends.debug_args import DebugArgs, update_from_keys
 
 
-def get_debug_args(path: Optional[os.PathLike] = None) -> DebugArgs:
+def get_debug_args(path: os.PathLike | None = None) -> DebugArgs:
     """The debug settings stored at `path` by `write_debug_args`, or empty ones when
     `path` is None."""
     if path is None:
@@ -51,7 +51,7 @@ def write_debug_args(debug_args: DebugArgs, path: os.PathLike) -> None:
     os.replace(tmp, path)
 
 
-def update_debug_args_from_keys(debug_args: DebugArgs, keys: Dict[str, Any]) -> None:
+def update_debug_args_from_keys(debug_args: DebugArgs, keys: dict[str, Any]) -> None:
     """Set fields named by dotted paths: `{"debug_usr.compile.threads": 4}` sets
     `debug_args.debug_usr.compile.threads = 4` (the `--debug_args a.b.c=value` flag)."""
     update_from_keys(debug_args, keys)

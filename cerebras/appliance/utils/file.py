@@ -2,9 +2,8 @@
 import os
 import secrets
 from pathlib import Path
-from typing import Union
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 
 def create_symlink(link: PathLike, target: PathLike, target_is_directory: bool = False) -> Path:

@@ -4,7 +4,6 @@ Decimal units are powers of 1000 (`KB`, `MB`, `GB`, `TB`, `PB`), binary ones pow
 1024 (`KiB`, `MiB`, `GiB`, `TiB`, `PiB`), as in SI/IEC and in Hugging Face's shard sizes
 ("10GB" is 10**10 bytes). Unit names are matched without regard to case; `B` is a byte.
 """
-from typing import Union
 
 _DECIMAL = ["B", "KB", "MB", "GB", "TB", "PB"]
 _BINARY = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
@@ -20,8 +19,8 @@ def _factor(unit: str, role: str) -> int:
     return _FACTORS[unit.strip().lower()]
 
 
-def convert_byte_unit(value: Union[int, float], target_unit: str, src_unit: str = "B",
-                      ) -> Union[int, float]:
+def convert_byte_unit(value: int | float, target_unit: str, src_unit: str = "B",
+                      ) -> int | float:
     """`value` in `src_unit` expressed in `target_unit`: `convert_byte_unit(10, "B",
     src_unit="GB") == 10_000_000_000`. The result is an int when it is a whole number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -34,7 +33,7 @@ def convert_byte_unit(value: Union[int, float], target_unit: str, src_unit: str 
     return int(result) if float(result).is_integer() else result
 
 
-def bytes_to_human(num_bytes: Union[int, float], binary: bool = True, precision: int = 2) -> str:
+def bytes_to_human(num_bytes: int | float, binary: bool = True, precision: int = 2) -> str:
     """A size for people: `bytes_to_human(1536) == "1.50 KiB"`, `bytes_to_human(12) ==
     "12 B"`. Binary units by default; `binary=False` uses decimal units."""
     if isinstance(num_bytes, bool) or not isinstance(num_bytes, (int, float)):

@@ -1,5 +1,4 @@
 """`ChainedLR` (and its older name `ChainedScheduler`): learning-rate schedules at once."""
-from typing import List
 
 from cstorch.optim import scheduler
 from cstorch.optim.lr_scheduler.scheduler import LRScheduler
@@ -11,7 +10,7 @@ class ChainedLR(LRScheduler, scheduler.ChainedScheduler):
     rate, at the same step (all must drive the same optimizer). Only the chained schedule
     needs stepping."""
 
-    def __init__(self, schedulers: List[LRScheduler], param_group_tags: TagsT = None):
+    def __init__(self, schedulers: list[LRScheduler], param_group_tags: TagsT = None):
         scheduler.ChainedScheduler.__init__(self, schedulers, param_group_tags=param_group_tags)
 
 

@@ -1,5 +1,4 @@
 """`ConstantLR`: a fixed rate."""
-from typing import Optional
 
 import torch
 
@@ -13,6 +12,6 @@ class ConstantLR(LRScheduler, ConstantScheduler):
     val = alias("learning_rate")
 
     def __init__(self, optimizer: torch.optim.Optimizer, learning_rate: float,
-                 total_iters: Optional[int] = None, param_group_tags: TagsT = None):
+                 total_iters: int | None = None, param_group_tags: TagsT = None):
         ConstantScheduler.__init__(self, optimizer, learning_rate, total_iters,
                                    param_group_tags=param_group_tags)

@@ -1,5 +1,4 @@
 """`CyclicLR`: cyclical learning rates (Smith, 2017)."""
-from typing import Optional
 
 import torch
 
@@ -17,7 +16,7 @@ class CyclicLR(LRScheduler, CyclicScheduler):
     max_val = alias("max_lr")
 
     def __init__(self, optimizer: torch.optim.Optimizer, base_lr: float, max_lr: float,
-                 step_size_up: int = 2000, step_size_down: Optional[int] = None,
+                 step_size_up: int = 2000, step_size_down: int | None = None,
                  mode: str = "triangular", gamma: float = 1.0, scale_mode: str = "cycle",
                  param_group_tags: TagsT = None):
         CyclicScheduler.__init__(self, optimizer, base_lr, max_lr, step_size_up, step_size_down,

@@ -1,5 +1,4 @@
 """`MultiStepLR`: decay by ``gamma`` at each milestone."""
-from typing import List
 
 import torch
 
@@ -13,6 +12,6 @@ class MultiStepLR(LRScheduler, MultiStepScheduler):
     initial_val = alias("initial_learning_rate")
 
     def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
-                 gamma: float, milestones: List[int], param_group_tags: TagsT = None):
+                 gamma: float, milestones: list[int], param_group_tags: TagsT = None):
         MultiStepScheduler.__init__(self, optimizer, initial_learning_rate, gamma, milestones,
                                     param_group_tags=param_group_tags)

@@ -1,5 +1,4 @@
 """`PiecewiseConstantLR`: a rate per interval between milestones."""
-from typing import List
 
 import torch
 
@@ -12,7 +11,7 @@ class PiecewiseConstantLR(LRScheduler, PiecewiseConstantScheduler):
     """``learning_rates[i]`` where i is the number of ``milestones`` reached (``t >= m``);
     there is one more rate than milestones."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, learning_rates: List[float],
-                 milestones: List[int], param_group_tags: TagsT = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, learning_rates: list[float],
+                 milestones: list[int], param_group_tags: TagsT = None):
         PiecewiseConstantScheduler.__init__(self, optimizer, ConstantLR, learning_rates,
                                             milestones, param_group_tags=param_group_tags)

@@ -1,10 +1,12 @@
 """`cstorch.utils.data.DataLoader`, and the protocol that makes a dataloader restartable."""
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
 
 import torch
 import torch.utils._pytree as pytree
 
+from cstorch.run import current
 from cstorch.utils.data.workers import Layout, Worker, worker_state
 
 # Where a DataLoader with several workers per system keeps its round-robin position in
@@ -24,17 +26,17 @@ class RestartableDataLoader(Protocol):
     four methods qualifies; it need not inherit from this class.
     """
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """This worker's state at a checkpoint step."""
 
-    def load_state_dict(self, state_dict: Dict[str, Any], strict: bool = True) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
         """Restore this worker from what `deaggregate_state_dict` returned."""
 
-    def aggregate_state_dict(self, worker_states: List[Dict[str, Any]]) -> Dict[str, Any]:
+    def aggregate_state_dict(self, worker_states: list[dict[str, Any]]) -> dict[str, Any]:
         """Combine every worker's `state_dict()` into the state that is saved."""
 
-    def deaggregate_state_dict(self, aggregated_state_dict: Dict[str, Any],
-                               strict: bool = True) -> Dict[str, Any]:
+    def deaggregate_state_dict(self, aggregated_state_dict: dict[str, Any],
+                               strict: bool = True) -> dict[str, Any]:
         """The part of a saved state that this worker's `load_state_dict` takes."""
 
 
@@ -80,8 +82,8 @@ class DataLoader:
         self.input_fn = input_fn
         self.input_args = args
         self.input_kwargs = kwargs
-        self._workers: Optional[List[Worker]] = None
-        self._layout: Optional[Layout] = None
+        self._workers: list[Worker] | None = None
+        self._layout: Layout | None = None
         self._pending_state = None
         self._next_local = 0     # the local worker id that streams the next step
         self._steps = 0          # steps streamed in this process (the appliance step)
@@ -98,7 +100,7 @@ class DataLoader:
                 f"{layout.num_workers_per_csx}; create a new DataLoader for the new layout")
         self._layout = layout
 
-    def workers(self) -> List[Worker]:
+    def workers(self) -> list[Worker]:
         if self._workers is None:
             layout = self._layout or _backend_layout()
             self._layout = layout
@@ -172,7 +174,7 @@ class DataLoader:
         """Whether the dataloader `input_fn` returns is a `RestartableDataLoader`."""
         return isinstance(self.dataloader, RestartableDataLoader)
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """The dataloader's state for a checkpoint.
 
         A `RestartableDataLoader`: every worker's `state_dict()` (inside which
@@ -205,7 +207,7 @@ class DataLoader:
                 stacklevel=2)
         return {}
 
-    def load_state_dict(self, state_dict: Dict[str, Any], strict: bool = True):
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True):
         """Restore the position saved by `state_dict()`: the next batch streamed is the
         one that followed the checkpoint."""
         if not isinstance(state_dict, dict):
@@ -249,8 +251,7 @@ class DataLoader:
 
 
 def _backend_layout() -> Layout:
-    from cstorch.backend import current_backend_impl
-    backend = current_backend_impl(raise_exception=False)
+    backend = current.backend()
     config = backend.params.get("cluster_config") if backend is not None else None
     if config is None:
         return Layout()
@@ -258,6 +259,5 @@ def _backend_layout() -> Layout:
 
 
 def _backend_is_csx() -> bool:
-    from cstorch.backend import current_backend_impl
-    backend = current_backend_impl(raise_exception=False)
+    backend = current.backend()
     return backend is not None and backend.is_csx

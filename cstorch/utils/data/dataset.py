@@ -1,7 +1,8 @@
 """`cstorch.utils.data.SyntheticDataset`: samples built on the fly from a nested spec."""
 import operator
 from collections import OrderedDict, defaultdict
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, NamedTuple, Union
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
@@ -9,9 +10,9 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 SampleSpecT = Union[
     torch.Tensor,
     Callable[[int], torch.Tensor],
-    List["SampleSpecT"],
-    Tuple["SampleSpecT", ...],
-    Dict[str, "SampleSpecT"],
+    list["SampleSpecT"],
+    tuple["SampleSpecT", ...],
+    dict[str, "SampleSpecT"],
     "OrderedDict[str, SampleSpecT]",
     NamedTuple,
 ]
@@ -114,7 +115,7 @@ class SyntheticDataset(Dataset):
                 cls = _InfiniteSyntheticDataset
         return super().__new__(cls)
 
-    def __init__(self, sample_spec: SampleSpecT, num_samples: Optional[int] = None):
+    def __init__(self, sample_spec: SampleSpecT, num_samples: int | None = None):
         if num_samples is not None:
             if isinstance(num_samples, bool):
                 raise TypeError(f"SyntheticDataset: num_samples must be a non-negative int "

@@ -2,24 +2,29 @@
 import logging
 import math
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Optional, Union
 
+import jax
 import torch
 import torch.utils._pytree as pytree
 from tqdm.auto import tqdm
 
+import wafer
+from bridge.convert import tensor_to_input
+from bridge.device_tensor import DeviceTensor
+from cstorch.backend import current_or_cpu_backend
+from cstorch.backends import csx
+from cstorch.run import current
+from cstorch.run.capture_context import is_capturing
 from cstorch.utils.data.dataloader import DataLoader
 from cstorch.utils.data.utils import Schedule, infer_batch_size
 from cstorch.utils.data.workers import Layout
 from cstorch.utils.profiler import Profiler
 
-_current: Optional["DataExecutor"] = None
-# The executor made last and not yet iterated: checkpoint closures called before its loop
-# wait for it.
-_upcoming: Optional["DataExecutor"] = None
+
 log = logging.getLogger("cstorch")
 
 
@@ -79,11 +84,10 @@ class DataExecutor:
     the zero-based index of the current step, `user_iteration` the one-based step number.
     """
 
-    def __init__(self, dataloader: DataLoader, num_steps: Optional[int] = None,
-                 checkpoint_steps: Optional[Union[int, Schedule]] = None,
-                 activation_steps: Optional[int] = None, profiler_activities=None, *,
+    def __init__(self, dataloader: DataLoader, num_steps: int | None = None,
+                 checkpoint_steps: int | Schedule | None = None,
+                 activation_steps: int | None = None, profiler_activities=None, *,
                  cs_config=None, writer=None, micro_batch_size=None, prefetch: bool = False):
-        from cstorch.backend import current_backend_impl
         if not isinstance(dataloader, DataLoader):
             raise TypeError("DataExecutor expects a cstorch.utils.data.DataLoader, got "
                             f"{type(dataloader).__name__}; wrap the loader: "
@@ -98,7 +102,7 @@ class DataExecutor:
                 not _is_int(checkpoint_steps) or checkpoint_steps < 0):
             raise ValueError(f"checkpoint_steps must be None, integer, or a Schedule, but got "
                              f"{checkpoint_steps}.")
-        backend = current_backend_impl(raise_exception=False)
+        backend = current.backend()
         self.backend = backend
 
         if writer is not None:
@@ -110,7 +114,6 @@ class DataExecutor:
         if micro_batch_size is not None:
             _deprecated("micro_batch_size",
                         "set cstorch.backends.csx.performance.micro_batch_size instead (done now)")
-            from cstorch.backends import csx
             csx.performance.micro_batch_size = micro_batch_size
         if cs_config is not None:
             _deprecated("cs_config", "pass cluster_config to cstorch.backend(\"CSX\", ...) instead")
@@ -145,10 +148,9 @@ class DataExecutor:
         # (closure, args, kwargs) called during the current step, run once its body is done;
         # before the loop, the checkpoint closures to run when it starts.
         self._closures: list = []
-        global _upcoming
-        _upcoming = self
-        self._artifact_dir: Optional[Path] = None
-        self.last_output: Optional[torch.Tensor] = None
+        current.set_upcoming_executor(self)
+        self._artifact_dir: Path | None = None
+        self.last_output: torch.Tensor | None = None
         self.prefetch = prefetch
         self._upload = None   # batch -> the batch on an accelerator, while prefetching
         self._reads_ahead = False
@@ -247,10 +249,8 @@ class DataExecutor:
         (on a process of a multi-process run that is not the main one, a temporary
         directory: only the main process writes into `artifact_dir`)."""
         if self._artifact_dir is None:
-            from cstorch.backend import current_or_cpu_backend
             backend = self.backend or current_or_cpu_backend()
             if not backend.is_main_process:
-                import tempfile
                 self._artifact_dir = Path(tempfile.mkdtemp(prefix="cstorch_executor_"))
                 return self._artifact_dir
             root = Path(backend.artifact_dir) / "executors"
@@ -266,12 +266,11 @@ class DataExecutor:
         return self.num_steps
 
     def __iter__(self):
-        global _current, _upcoming
-        if _upcoming is self:
-            _upcoming = None
+        if current.upcoming_executor() is self:
+            current.set_upcoming_executor(None)
         # An executor run inside another's loop (an eval run between training steps)
         # hands `current_executor()` back to the outer one when it ends.
-        outer, _current = _current, self
+        outer = current.set_executor(self)
         self._index = -1
         progress = _Progress(self)
         self._keeps_output = not progress.bar.disable
@@ -302,7 +301,7 @@ class DataExecutor:
             self._ahead = None
             self._profiler.on_stop()
             progress.close()
-            _current = outer
+            current.set_executor(outer)
 
     def queue_closure(self, fn, args=(), kwargs=None) -> None:
         """Run ``fn(*args, **kwargs)`` once the current step's loop body is done (before
@@ -317,8 +316,7 @@ class DataExecutor:
 
     # prefetching -------------------------------------------------------------------------
     def _start_prefetch(self):
-        from cstorch.backend import current_backend_impl
-        backend = self.backend or current_backend_impl(raise_exception=False)
+        backend = self.backend or current.backend()
         if not self.prefetch:
             return
         if backend is None or not backend.executes or backend.distributed:
@@ -372,7 +370,7 @@ _READING = object()
 
 def _uploads(mesh) -> bool:
     """Whether a prefetching executor uploads batches to `mesh`'s devices: not to CPU
-    devices, where `jax.device_put` from Python (about 70 µs for an mlp-tiny batch) is a
+    devices, where `jax.device_put` from Python is a
     copy into memory that a step would read the host batch from as fast."""
     return mesh.devices.flat[0].platform != "cpu"
 
@@ -382,11 +380,7 @@ def _uploader(mesh):
     (split over the batch axes, in the dtype the step computes it in), as a `DeviceTensor`;
     other leaves stay as they are. One `jax.device_put` takes all of a batch's tensors, from
     the private host copies a step's inputs get (`tensor_to_input`)."""
-    import jax
 
-    import wafer
-    from bridge.convert import tensor_to_input
-    from bridge.device_tensor import DeviceTensor
 
     def upload(batch):
         leaves, spec = pytree.tree_flatten(batch)
@@ -437,15 +431,13 @@ def _exploring(backend) -> bool:
     """Whether steps explore micro-batch sizes (and train nothing): one step tells all."""
     if backend is None or not backend.is_csx:
         return False
-    from cstorch.backends import csx
     mbs = csx.performance.micro_batch_size
     return mbs == "explore" or (isinstance(mbs, dict) and set(mbs) == {"explore"})
 
 
 def _read_while_capturing(what: str, value):
     """`value`, with a warning when a step is being captured: the program would hold it."""
-    from cstorch.tracing.capture import capturing
-    if capturing.get() is not None:
+    if is_capturing():
         warnings.warn(
             f"cstorch.current_executor().{what} was read while a step was being captured: the "
             f"program holds the value it had then ({value!r}) and every later step computes "
@@ -457,41 +449,46 @@ def _read_while_capturing(what: str, value):
 
 def current_executor() -> DataExecutor:
     """The DataExecutor being iterated; an error outside of one."""
-    if _current is None:
+    running = current.executor()
+    if running is None:
         raise RuntimeError("no DataExecutor is running; current_executor() is only available "
                            "while iterating a cstorch.utils.data.DataExecutor")
-    return _current
+    return running
 
 
-def running_executor() -> Optional[DataExecutor]:
-    return _current
+def running_executor() -> DataExecutor | None:
+    return current.executor()
 
 
 def is_checkpoint_step() -> bool:
     """Whether checkpoint closures run now: on checkpoint steps of the running executor,
     or always when no executor is running."""
-    return True if _current is None else _current._checkpoint_step()
+    running = current.executor()
+    return True if running is None else running._checkpoint_step()
 
 
 def is_activation_step() -> bool:
     """Whether the running executor's current step is an activation step (True when no
     executor is running)."""
-    return True if _current is None else _current._activation_step()
+    running = current.executor()
+    return True if running is None else running._activation_step()
 
 
 def runs_step_closures() -> bool:
     """Whether a traced step's step closures run after this step: always, except on the
     CSX backend off activation steps, where a Cerebras system fetches no values."""
-    if _current is None or _current.backend is None or not _current.backend.is_csx:
+    running = current.executor()
+    if running is None or running.backend is None or not running.backend.is_csx:
         return True
-    return _current._activation_step()
+    return running._activation_step()
 
 
 def defer_step_closure(fn, args=(), kwargs=None) -> None:
     """Run a step closure once the running executor's loop body is done; with no executor
     running, now."""
-    if _current is not None:
-        _current.queue_closure(fn, args, kwargs)
+    running = current.executor()
+    if running is not None:
+        running.queue_closure(fn, args, kwargs)
     else:
         fn(*args, **(kwargs or {}))
 
@@ -500,11 +497,12 @@ def defer_checkpoint_closure(fn, args=(), kwargs=None) -> None:
     """Run a checkpoint closure once the running executor's loop body is done, if this
     is a checkpoint step; before an executor's loop, when it starts; with no executor,
     an error (as in the real package: a checkpoint belongs to a run)."""
-    if _current is not None:
-        if _current._checkpoint_step():
-            _current.queue_closure(fn, args, kwargs)
-    elif _upcoming is not None:
-        _upcoming.queue_closure(fn, args, kwargs)
+    running = current.executor()
+    if running is not None:
+        if running._checkpoint_step():
+            running.queue_closure(fn, args, kwargs)
+    elif current.upcoming_executor() is not None:
+        current.upcoming_executor().queue_closure(fn, args, kwargs)
     else:
         raise RuntimeError("Cannot fetch a checkpoint outside of an execution context. Please "
                            "make all calls to any checkpoint closures inside the training loop.")
@@ -513,14 +511,15 @@ def defer_checkpoint_closure(fn, args=(), kwargs=None) -> None:
 def note_step_output(results) -> None:
     """Keep a traced step's scalar result for the progress bar (read only when shown);
     called once a step has been dispatched, so a prefetching executor reads ahead here."""
-    if _current is None:
+    running = current.executor()
+    if running is None:
         return
-    if _current._keeps_output:   # only a progress bar on a terminal shows it
+    if running._keeps_output:   # only a progress bar on a terminal shows it
         first = results[0] if isinstance(results, (tuple, list)) and results else results
         if isinstance(first, torch.Tensor) and first.dim() == 0 and first.is_floating_point():
-            _current.last_output = first
-    if _current._reads_ahead:
-        _current._read_ahead()
+            running.last_output = first
+    if running._reads_ahead:
+        running._read_ahead()
 
 
 class RunContext:

@@ -1,8 +1,10 @@
 """`cerebras.pytorch.utils.data.sampler`: a sampler that shards batches over streaming
 workers in an order that does not depend on how many there are."""
-from typing import Iterator, List, Optional, Sized, Union
+from collections.abc import Iterator, Sized
 
 import torch
+
+from cstorch.utils.data.workers import active_worker
 
 __all__ = ["DistributedSampler", "pad_index"]
 
@@ -42,9 +44,9 @@ class DistributedSampler(torch.utils.data.Sampler):
       over ``num_csx * num_workers_per_csx``.
     """
 
-    def __init__(self, data_source: Sized, shuffle: bool = True, seed: Optional[int] = None,
-                 start_index: int = 0, shard: bool = True, batch_size: Optional[int] = None,
-                 drop_last: bool = True, num_samples: Optional[int] = None,
+    def __init__(self, data_source: Sized, shuffle: bool = True, seed: int | None = None,
+                 start_index: int = 0, shard: bool = True, batch_size: int | None = None,
+                 drop_last: bool = True, num_samples: int | None = None,
                  pad_last: bool = False):
         try:
             dataset_len = len(data_source)
@@ -75,7 +77,6 @@ class DistributedSampler(torch.utils.data.Sampler):
 
     @staticmethod
     def _layout(shard: bool):
-        from cstorch.utils.data.workers import active_worker
         worker = active_worker() if shard else None
         if worker is None:
             return 1, 1, 0, 0
@@ -103,7 +104,7 @@ class DistributedSampler(torch.utils.data.Sampler):
         step, system = divmod(unit, self.num_csx)
         return system == self.wse_id and step % self.workers_per_csx == self.local_id
 
-    def _batch(self, order: torch.Tensor, unit: int) -> Union[int, List[int]]:
+    def _batch(self, order: torch.Tensor, unit: int) -> int | list[int]:
         if self.batch_size is None:
             return int(order[unit])
         batch = order[unit * self.batch_size:(unit + 1) * self.batch_size].tolist()
@@ -111,7 +112,7 @@ class DistributedSampler(torch.utils.data.Sampler):
             batch += [pad_index] * (self.batch_size - len(batch))
         return batch
 
-    def __iter__(self) -> Iterator[Union[int, List[int]]]:
+    def __iter__(self) -> Iterator[int | list[int]]:
         epoch, start = self.epoch, self._start
         self.epoch, self._start = epoch + 1, 0
         order = self._order(epoch)

@@ -1,5 +1,4 @@
 """`cerebras.pytorch.utils.data.compute_num_steps`: how many steps a run takes."""
-from typing import Optional
 
 __all__ = ["compute_num_steps"]
 
@@ -10,9 +9,9 @@ def _check(name, value, minimum=1):
         raise ValueError(f"{name} must be None or an int >= {minimum}, got {value!r}")
 
 
-def compute_num_steps(dataloader, initial_step: int = 0, num_steps: Optional[int] = None,
-                      max_steps: Optional[int] = None, num_epochs: Optional[int] = None,
-                      steps_per_epoch: Optional[int] = None, grad_accum_steps: int = 1) -> int:
+def compute_num_steps(dataloader, initial_step: int = 0, num_steps: int | None = None,
+                      max_steps: int | None = None, num_epochs: int | None = None,
+                      steps_per_epoch: int | None = None, grad_accum_steps: int = 1) -> int:
     """The number of steps to run over `dataloader` (a `cstorch.utils.data.DataLoader`
     or anything with a length, needed only when an epoch's length is), counted in
     optimizer steps.

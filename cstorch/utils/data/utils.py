@@ -1,6 +1,7 @@
 """`cstorch.utils.data.utils`: the checkpoint `Schedule` and `infer_batch_size`."""
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any
+from collections.abc import Iterator
 
 import torch
 import torch.utils._pytree as pytree
@@ -75,7 +76,7 @@ class Schedule:
             regular = self.start + -(-(target - self.start) // self.step) * self.step
             return regular if regular < self.end else final
 
-    intervals: List[Range]
+    intervals: list[Range]
 
     def __post_init__(self):
         for interval in self.intervals:
@@ -86,7 +87,7 @@ class Schedule:
                 raise ValueError(f"Intervals must be non-overlapping ranges, but got "
                                  f"{self.intervals}.")
 
-    def range(self) -> Tuple[range, ...]:
+    def range(self) -> tuple[range, ...]:
         """Each interval's regular steps as a Python `range`."""
         return tuple(interval.range() for interval in self.intervals)
 
@@ -99,12 +100,12 @@ class Schedule:
         return sum(len(interval) for interval in self.intervals)
 
     @property
-    def start(self) -> Optional[int]:
+    def start(self) -> int | None:
         """The first step (None for an empty schedule)."""
         return self.intervals[0].start if self.intervals else None
 
     @property
-    def final_step(self) -> Optional[int]:
+    def final_step(self) -> int | None:
         """The last step (None for an empty schedule)."""
         return self.intervals[-1].final_step if self.intervals else None
 
@@ -112,7 +113,7 @@ class Schedule:
         """Whether the schedule holds `step`."""
         return any(interval.match(step) for interval in self.intervals)
 
-    def next_immediate_step(self, target: int) -> Optional[int]:
+    def next_immediate_step(self, target: int) -> int | None:
         """The first step at or after `target` (None for an empty schedule); a ValueError
         past `final_step`."""
         if not self.intervals:
@@ -127,7 +128,7 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def infer_batch_size(data: Any) -> Optional[int]:
+def infer_batch_size(data: Any) -> int | None:
     """The batch size of a (nested) batch: the first dimension of its first tensor that
     has one (in the structure's flattening order). None when no tensor has a dimension."""
     # A tensor, or a tuple, list or dict whose first entry is one: answered without walking

@@ -10,7 +10,7 @@ it would on a cluster.
 import contextlib
 import contextvars
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from cstorch.utils.data.utils import infer_batch_size
 
@@ -60,7 +60,7 @@ class Worker:
         # on CPU and GPU backends the input function runs as plain client code.
         self.streams = streams
         self.loader = None
-        self._iterator: Optional[Iterator] = None
+        self._iterator: Iterator | None = None
         self.worker_step = 0
         self.samples_streamed = 0
         self.last_samples = 0   # samples in the last batch it streamed
@@ -134,13 +134,13 @@ class Worker:
             samples_streamed=self.samples_streamed)
 
 
-_active_worker: contextvars.ContextVar[Optional[Worker]] = contextvars.ContextVar(
+_active_worker: contextvars.ContextVar[Worker | None] = contextvars.ContextVar(
     "cstorch_streaming_worker", default=None)
-_worker_state: contextvars.ContextVar[Optional[DataLoaderCheckpoint]] = contextvars.ContextVar(
+_worker_state: contextvars.ContextVar[DataLoaderCheckpoint | None] = contextvars.ContextVar(
     "cstorch_worker_state", default=None)
 
 
-def active_worker() -> Optional[Worker]:
+def active_worker() -> Worker | None:
     return _active_worker.get()
 
 
@@ -154,5 +154,5 @@ def worker_state(state: DataLoaderCheckpoint):
         _worker_state.reset(token)
 
 
-def current_worker_state() -> Optional[DataLoaderCheckpoint]:
+def current_worker_state() -> DataLoaderCheckpoint | None:
     return _worker_state.get()

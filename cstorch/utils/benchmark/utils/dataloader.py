@@ -18,7 +18,8 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -70,9 +71,9 @@ class BatchSpec:
     """
 
     kind: type
-    keys: Tuple[Any, ...] = ()
-    children: Tuple["BatchSpec", ...] = ()
-    shape: Optional[Tuple[int, ...]] = None
+    keys: tuple[Any, ...] = ()
+    children: tuple["BatchSpec", ...] = ()
+    shape: tuple[int, ...] | None = None
     dtype: Any = None
 
     @classmethod
@@ -102,14 +103,14 @@ class BatchSpec:
         """Whether this node is a tensor or array leaf."""
         return self.shape is not None
 
-    def arrays(self) -> List["BatchSpec"]:
+    def arrays(self) -> list["BatchSpec"]:
         """The tensor and array leaves under this node, depth first."""
         if self.is_array:
             return [self]
         return [leaf for child in self.children for leaf in child.arrays()]
 
     @property
-    def batch_size(self) -> Optional[int]:
+    def batch_size(self) -> int | None:
         """The leading dimension shared by every tensor of the batch.
 
         None when the batch holds no tensors, holds a 0-d tensor, or its tensors disagree
@@ -175,7 +176,7 @@ class BatchMetrics:
     global_step: int
     local_rate: float
     global_rate: float
-    profile_activities: Dict[str, Any] = field(default_factory=dict)
+    profile_activities: dict[str, Any] = field(default_factory=dict)
     sampling_time_ns: int = field(default_factory=time.time_ns)
 
 
@@ -195,7 +196,7 @@ class EpochMetrics:
     iterator_creation: np.timedelta64 = field(default_factory=_zero_time)
     iteration_time: np.timedelta64 = field(default_factory=_zero_time)
     total_steps: int = 0
-    batch_metrics: List[BatchMetrics] = field(default_factory=list)
+    batch_metrics: list[BatchMetrics] = field(default_factory=list)
     start_time_ns: int = field(default_factory=time.time_ns)
     end_time_ns: int = 0
 
@@ -223,8 +224,8 @@ class Metrics:
     """
 
     dataloader_build_time: np.timedelta64 = field(default_factory=_zero_time)
-    epoch_metrics: List[EpochMetrics] = field(default_factory=list)
-    batch_specs: Dict[BatchSpec, BatchSpecOccurence] = field(default_factory=dict)
+    epoch_metrics: list[EpochMetrics] = field(default_factory=list)
+    batch_specs: dict[BatchSpec, BatchSpecOccurence] = field(default_factory=dict)
     total_time: np.timedelta64 = field(default_factory=_zero_time)
     global_rate: float = 0.0
     is_partial: bool = True
@@ -237,7 +238,7 @@ class Metrics:
         return sum(epoch.total_steps for epoch in self.epoch_metrics)
 
     @property
-    def global_sample_rate(self) -> Optional[float]:
+    def global_sample_rate(self) -> float | None:
         """Samples/second over ``total_time``.
 
         Only defined when every batch had the same structure, dtypes and shapes and its
@@ -254,9 +255,9 @@ class Metrics:
 # Profile activities: name -> (description, probe). A probe returns the value recorded at a
 # sampled step; availability depends on the platform, so it is checked up front.
 
-def _rss_probe() -> Optional[Callable[[], int]]:
+def _rss_probe() -> Callable[[], int] | None:
     try:
-        import psutil
+        import psutil  # noqa: PLC0415 (optional dependency)
     except ImportError:
         psutil = None
     if psutil is not None:
@@ -273,9 +274,9 @@ def _rss_probe() -> Optional[Callable[[], int]]:
     return None
 
 
-def _peak_rss_probe() -> Optional[Callable[[], int]]:
+def _peak_rss_probe() -> Callable[[], int] | None:
     try:
-        import resource
+        import resource  # noqa: PLC0415 (POSIX only)
     except ImportError:
         return None
     # ru_maxrss is in bytes on macOS and in KiB on Linux and the BSDs.
@@ -297,7 +298,7 @@ _PROFILE_ACTIVITIES = {
 _BYTE_ACTIVITIES = {"memory", "peak_memory"}
 
 
-def _profile_probes(profile_activities) -> Dict[str, Callable[[], Any]]:
+def _profile_probes(profile_activities) -> dict[str, Callable[[], Any]]:
     if profile_activities is None:
         return {}
     if isinstance(profile_activities, str) or not isinstance(profile_activities, Iterable):
@@ -321,7 +322,7 @@ def _profile_probes(profile_activities) -> Dict[str, Callable[[], Any]]:
     return probes
 
 
-def _check_count(name: str, value, default: Optional[int]) -> Optional[int]:
+def _check_count(name: str, value, default: int | None) -> int | None:
     if value is None:
         return default
     if isinstance(value, bool):
@@ -340,10 +341,10 @@ def _check_count(name: str, value, default: Optional[int]) -> Optional[int]:
 
 def benchmark_dataloader(
     input_fn: Callable[[], Iterable],
-    num_epochs: Optional[int] = None,
-    steps_per_epoch: Optional[int] = None,
-    sampling_frequency: Optional[int] = None,
-    profile_activities: Optional[List[str]] = None,
+    num_epochs: int | None = None,
+    steps_per_epoch: int | None = None,
+    sampling_frequency: int | None = None,
+    profile_activities: list[str] | None = None,
     print_metrics: bool = True,
 ) -> Metrics:
     """Measures how fast a dataloader produces batches.
@@ -481,7 +482,7 @@ def _format_duration(value: np.timedelta64) -> str:
     return f"{ns} ns"
 
 
-def _format_rate(value: Optional[float]) -> str:
+def _format_rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.2f}"
 
 
@@ -491,7 +492,7 @@ def _format_activity(name: str, value: Any) -> str:
     return str(value)
 
 
-def _table(headers: List[str], rows: List[List[str]], left: Tuple[int, ...] = ()) -> str:
+def _table(headers: list[str], rows: list[list[str]], left: tuple[int, ...] = ()) -> str:
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
     def line(cells):
@@ -502,7 +503,7 @@ def _table(headers: List[str], rows: List[List[str]], left: Tuple[int, ...] = ()
     return "\n".join([line(headers), rule] + [line(r) for r in rows])
 
 
-def format_metrics(metrics: Metrics, profile_activities: Optional[List[str]] = None) -> str:
+def format_metrics(metrics: Metrics, profile_activities: list[str] | None = None) -> str:
     """Renders ``metrics`` as the plain-text report `benchmark_dataloader` prints.
 
     ``profile_activities`` names the activity columns of the sampled-steps table; by

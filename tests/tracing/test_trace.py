@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
-from tests.foundation.models import rel_err
+from tests.models import rel_err
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import cerebras.pytorch as cstorch
 from bridge.errors import IndexOutOfRangeError
 from cstorch.tracing import index_check
-from tests.foundation.models import rel_err
+from tests.models import rel_err
 
 
 class Tagger(nn.Module):

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
 from examples.train_gpt import next_token_loss, update
-from tests.foundation.models import SmallCNN, TinyGPT, rel_err
+from tests.models import SmallCNN, TinyGPT, rel_err
 
 TOL = 1e-4
 

@@ -1,5 +1,5 @@
 """Lazy initialisation: tensors created inside `backend.device` on a CSX backend hold no host
-data until `cstorch.compile` builds them on the devices (`cstorch/lazy_init.py`)."""
+data until `cstorch.compile` builds them on the devices (`cstorch/lazy_init/`)."""
 import copy
 import ctypes
 import io
@@ -293,8 +293,8 @@ def test_a_step_traced_inside_the_context_sees_real_factories():
 
 
 def test_a_large_random_tensor_is_drawn_in_blocks(monkeypatch):
-    import cstorch.lazy_init as lazy_init
-    monkeypatch.setattr(lazy_init, "_DRAW_ELEMENTS", 64)
+    import cstorch.lazy_init.random_draws as random_draws
+    monkeypatch.setattr(random_draws, "_DRAW_ELEMENTS", 64)
     backend = cstorch.backend("CSX")
     with backend.device:
         w = torch.empty(48, 16).uniform_(-1, 1)

@@ -1,59 +1,18 @@
-"""Lazy initialisation: inside `with backend.device:` tensors are recipes, not data.
-
-On a CSX backend with `cstorch.backends.csx.debug.lazy_initialization` (the default),
-factory functions (`torch.empty`, `zeros`, `ones`, `full`, `arange`, `eye`, `rand`,
-`randn`, the `_like` and `new_*` forms) called inside the device context return a
-`LazyInitTensor`: a torch tensor with a shape and a dtype but no data, holding how its
-value is made. In-place ops on it (`nn.init.*`, `uniform_`, `normal_`, `zero_`, `fill_`,
-`copy_`, arithmetic, writes through views such as `weight[padding_idx].fill_(0)`) extend
-that recipe instead of computing anything, and so do ops that make new tensors from lazy
-ones inside the context. `cstorch.compile` builds each value directly on the devices with
-its sharding (`LazyInitTensor.device_value`): the recipe runs as one small jitted JAX
-program whose ops are the bridge's ATen lowerings, so no host copy is ever made.
-
-Random values come from JAX's PRNG, not torch's CPU generator: each random op takes a
-key from one 64-bit number drawn from torch's generator when the op is recorded (the
-default generator, or the `generator=` passed to it), so values depend on
-`torch.manual_seed` and on the order tensors are created, and a run is reproducible,
-but they differ from eager PyTorch's. Torch's CPU stream is a Mersenne Twister consumed
-sequentially by each kernel's own sampling code; reproducing it on the device would mean
-copying those kernels, and the device wants counter-based keys. Large random tensors are
-drawn in blocks of rows, so XLA's working memory stays small; the blocks depend on the
-shape only, so the values do not depend on the mesh. Deterministic recipes (zeros, ones,
-full, arange, eye, copies, arithmetic) give exactly what eager PyTorch gives.
-
-Reading a lazy tensor before compile (printing, `.sum()` outside the context,
-`torch.save`, `cstorch.save`) builds its value with the same program compile would run
-and copies it to the host, without keeping it: the value read equals the value compile
-places. An op that cannot be recorded (no lowering, data-dependent output) runs on the
-host with real values; if it writes into a lazy tensor, that tensor's value is kept on
-the host from then on and a warning names the op. Dtypes JAX holds differently (int64,
-float64 without x64) and empty tensors are created eagerly on the host, so their values
-stay exact and `torch.load` can `set_` into them.
-
-CPU and GPU backends create tensors eagerly inside `backend.device`: their values are
-eager PyTorch's, as the reference's CPU and GPU backends give. The context is for
-building models: a loop run inside it would keep making recipes.
-"""
+"""The lazy tensor, and the recording of torch ops on lazy tensors into recipes."""
 import threading
 import warnings
-from collections import OrderedDict
-from functools import partial
-from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import wafer
-from bridge import LOWERINGS, jax_to_tensor, to_jax_dtype, to_torch_dtype
-from bridge.convert import tensor_to_numpy
+from bridge import LOWERINGS, jax_to_tensor, to_jax_dtype
 from bridge.device_tensor import HostReads
-from bridge.device_tensor import Absent, DeviceTensor
-from bridge.ops.random import key_stream
+from cstorch.lazy_init.building import build
+from cstorch.lazy_init.recipe import Node, Ref, Storage, const_recipe, native
 from cstorch.storage.lazy import LazyTensor
 
 aten = torch.ops.aten
@@ -79,72 +38,6 @@ _STATIC = (type(None), bool, int, float, complex, str, torch.dtype, torch.device
            torch.memory_format)
 
 
-# recipes ---------------------------------------------------------------------------
-class _Node:
-    """One value of a recipe, never its data. Immutable: a write makes a new node.
-
-    kind "const": `value` is a host tensor or a device array the recipe starts from.
-    kind "op":    `op` (a functional ATen overload with a lowering) of `args`/`kwargs`,
-                  whose tensors are `_Ref`s; `seed` keys a random op; `dtypes` are the
-                  torch dtypes of its results (a tuple for a multi-output op).
-    kind "write": the value of `args[0]` (a `_Ref`) with the elements that the view
-                  chain `args[1]` selects replaced by `args[2]` (a `_Ref`).
-    """
-    __slots__ = ("kind", "op", "args", "kwargs", "seed", "value", "dtypes", "__weakref__")
-
-    def __init__(self, kind, op=None, args=(), kwargs=None, seed=None, value=None, dtypes=None):
-        self.kind, self.op, self.args, self.kwargs = kind, op, args, kwargs or {}
-        self.seed, self.value, self.dtypes = seed, value, dtypes
-
-    def deps(self):
-        refs = pytree.tree_leaves((self.args, self.kwargs),
-                                  is_leaf=lambda x: isinstance(x, _Ref))
-        return [r.node for r in refs if isinstance(r, _Ref)]
-
-
-class _Ref(NamedTuple):
-    """A tensor of a recipe: output `index` of `node` (None for its only output) seen
-    through `chain`, a tuple of (view op, args, kwargs, output index) steps."""
-    node: _Node
-    index: object
-    chain: tuple
-    shape: tuple
-    dtype: torch.dtype
-
-
-class _Storage:
-    """What the aliases of one lazy tensor share: `root` is the recipe of the whole value;
-    a write through any alias replaces it. `meta` is a meta tensor with the value's shape,
-    dtype and strides, whose views give the aliases theirs."""
-    __slots__ = ("root", "meta", "backend")
-
-    def __init__(self, root: _Ref, meta, backend):
-        self.root, self.meta, self.backend = root, meta, backend
-
-
-def _native(dtype) -> bool:
-    """Whether JAX holds `dtype` as it is (not int64 as int32, float64 as float32)."""
-    try:
-        return to_torch_dtype(to_jax_dtype(dtype)) == dtype
-    except (TypeError, KeyError):
-        return False
-
-
-def _const(value) -> _Ref:
-    """A recipe that starts from a tensor's current value (snapshotted)."""
-    if isinstance(value, DeviceTensor) and not value.is_view and not isinstance(value.cell.array, Absent):
-        data = value.cell.array
-    elif isinstance(value, LazyTensor):
-        data = value.materialize()
-    else:
-        if isinstance(value, DeviceTensor):
-            value = value.host()
-        data = value.detach().clone()
-    return _Ref(_Node("const", value=data, dtypes=value.dtype), None, (),
-                tuple(value.shape), value.dtype)
-
-
-# the tensor ------------------------------------------------------------------------
 class LazyInitTensor(HostReads, LazyTensor):
     """A tensor created inside `backend.device` with lazy initialisation: its recipe,
     shape and dtype, no data. Built on the devices by `cstorch.compile`; reading it
@@ -164,11 +57,11 @@ class LazyInitTensor(HostReads, LazyTensor):
         LazyTensor.__init__(self, tuple(meta.shape), meta.dtype)
         self._storage, self._chain, self._meta = storage, chain, meta
 
-    def _ref(self) -> _Ref:
+    def _ref(self) -> Ref:
         root = self._storage.root
         if not self._chain:
             return root
-        return _Ref(root.node, root.index, root.chain + self._chain, tuple(self.shape), self.dtype)
+        return Ref(root.node, root.index, root.chain + self._chain, tuple(self.shape), self.dtype)
 
     def _alias(self):
         return LazyInitTensor(self._storage, self._chain, self._meta)
@@ -182,7 +75,7 @@ class LazyInitTensor(HostReads, LazyTensor):
 
     def device_value(self, sharding):
         """The value built on the devices, laid out by `sharding`, without a host copy."""
-        return _build(self._ref(), sharding)
+        return build(self._ref(), sharding)
 
     def _host_view(self):
         """The value on the host; may share memory with a device buffer or the recipe's
@@ -193,7 +86,7 @@ class LazyInitTensor(HostReads, LazyTensor):
             base = root.node.value
         else:
             sharding = wafer.state_sharding(storage.backend.mesh, root.shape)
-            base = jax_to_tensor(_build(root, sharding), root.dtype)
+            base = jax_to_tensor(build(root, sharding), root.dtype)
         return _apply_chain_host(base, self._chain)
 
     def materialize(self, keep: bool = False) -> torch.Tensor:
@@ -211,7 +104,7 @@ class LazyInitTensor(HostReads, LazyTensor):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"can only assign a tensor to .data, got {type(value).__name__}")
         if not isinstance(value, LazyInitTensor):
-            value = _lazy_of(_const(value), self._storage.backend)
+            value = lazy_of(const_recipe(value), self._storage.backend)
         # A shape or dtype change (module.to(dtype)) changes this tensor's own metadata.
         _rebind(self, value)
 
@@ -236,7 +129,7 @@ class LazyInitTensor(HostReads, LazyTensor):
         # Recipes are immutable: a copy shares the recipe, not the aliasing.
         ref = self._ref()
         meta = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
-        out = LazyInitTensor(_Storage(ref, meta, self._storage.backend), (), meta)
+        out = LazyInitTensor(Storage(ref, meta, self._storage.backend), (), meta)
         if getattr(self, "_is_param", False):
             out = torch.nn.Parameter(out, self.requires_grad)
         elif self.requires_grad:
@@ -254,10 +147,10 @@ def is_lazy(tensor) -> bool:
     return isinstance(tensor, LazyInitTensor) and not tensor.is_materialized
 
 
-def _lazy_of(ref: _Ref, backend, meta=None) -> LazyInitTensor:
+def lazy_of(ref: Ref, backend, meta=None) -> LazyInitTensor:
     if meta is None:
         meta = torch.empty(ref.shape, dtype=ref.dtype, device="meta")
-    return LazyInitTensor(_Storage(ref, meta, backend), (), meta)
+    return LazyInitTensor(Storage(ref, meta, backend), (), meta)
 
 
 def _apply_chain_host(base, chain):
@@ -268,7 +161,6 @@ def _apply_chain_host(base, chain):
     return base
 
 
-# recording -------------------------------------------------------------------------
 class _Unrecordable(Exception):
     """This op cannot join a recipe; it runs on the host instead."""
 
@@ -371,14 +263,14 @@ def _meta_call(func, args, kwargs):
 
 
 def _to_recipe(x):
-    """An argument as a recipe holds it: tensors as `_Ref`s, generators dropped (their
+    """An argument as a recipe holds it: tensors as `Ref`s, generators dropped (their
     number was drawn), anything that is not a static value refused."""
     if isinstance(x, LazyInitTensor):
         return x._ref()
     if isinstance(x, torch.Tensor):
-        if not _native(x.dtype) and x.dtype not in (torch.int64, torch.float64):
+        if not native(x.dtype) and x.dtype not in (torch.int64, torch.float64):
             raise _Unrecordable(f"a {x.dtype} tensor argument")
-        return _const(x)
+        return const_recipe(x)
     if isinstance(x, torch.Generator):
         return None
     if isinstance(x, (list, tuple)):
@@ -401,7 +293,7 @@ def _record(func, args, kwargs, written, backend):
     outs = meta_out if isinstance(meta_out, (list, tuple)) else [meta_out]
     if not all(isinstance(o, torch.Tensor) for o in outs) or not outs:
         raise _Unrecordable("a result that is not a tensor")
-    if not all(_native(o.dtype) for o in outs):
+    if not all(native(o.dtype) for o in outs):
         raise _Unrecordable(f"a {outs[0].dtype} result")
     if not written and not any(isinstance(x, LazyInitTensor) for x in pytree.tree_leaves((args, kwargs))) \
             and any(o.numel() == 0 for o in outs):
@@ -427,31 +319,31 @@ def _record(func, args, kwargs, written, backend):
         fkwargs["device"] = None
     if written:
         target = written[0]
-        node = _Node("op", functional, tuple(fargs), fkwargs, seed, dtypes=target.dtype)
+        node = Node("op", functional, tuple(fargs), fkwargs, seed, dtypes=target.dtype)
         if tuple(_meta_of(target).shape) != tuple(target.shape):
             raise RuntimeError(
                 f"{func} would resize a lazily initialised tensor from {tuple(target.shape)}; "
                 "create it with its final shape inside backend.device, or build the model "
                 "with cstorch.backends.csx.debug.lazy_initialization = False")
-        _assign(target, _Ref(node, None, (), tuple(target.shape), target.dtype))
+        _assign(target, Ref(node, None, (), tuple(target.shape), target.dtype))
         return args[0] if not any(a.is_out for a in func._schema.arguments) else target
     multi = isinstance(meta_out, (list, tuple))
-    node = _Node("op", functional, tuple(fargs), fkwargs, seed,
+    node = Node("op", functional, tuple(fargs), fkwargs, seed,
                  dtypes=tuple(o.dtype for o in outs) if multi else outs[0].dtype)
-    results = [_lazy_of(_Ref(node, i if multi else None, (), tuple(o.shape), o.dtype), backend,
+    results = [lazy_of(Ref(node, i if multi else None, (), tuple(o.shape), o.dtype), backend,
                         torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device="meta"))
                for i, o in enumerate(outs)]
     return type(meta_out)(results) if multi else results[0]
 
 
-def _assign(target: LazyInitTensor, value: _Ref):
+def _assign(target: LazyInitTensor, value: Ref):
     """Make `value` the value of `target`, and so of the part of its storage it views."""
     storage = target._storage
     if not target._chain and value.shape == storage.root.shape:
-        storage.root = _Ref(value.node, value.index, value.chain, value.shape, storage.root.dtype)
+        storage.root = Ref(value.node, value.index, value.chain, value.shape, storage.root.dtype)
         return
-    node = _Node("write", args=(storage.root, target._chain, value), dtypes=storage.root.dtype)
-    storage.root = _Ref(node, None, (), storage.root.shape, storage.root.dtype)
+    node = Node("write", args=(storage.root, target._chain, value), dtypes=storage.root.dtype)
+    storage.root = Ref(node, None, (), storage.root.shape, storage.root.dtype)
 
 
 def _record_view(func, args, kwargs):
@@ -467,7 +359,7 @@ def _record_view(func, args, kwargs):
         rest = _to_recipe(tuple(args[1:])), _to_recipe(dict(kwargs))
     except _Unrecordable as e:
         raise RuntimeError(f"{func} cannot view a lazily initialised tensor: it takes {e}") from None
-    if any(isinstance(x, _Ref) for x in pytree.tree_leaves(rest, is_leaf=lambda x: isinstance(x, _Ref))):
+    if any(isinstance(x, Ref) for x in pytree.tree_leaves(rest, is_leaf=lambda x: isinstance(x, Ref))):
         raise RuntimeError(f"{func} cannot view a lazily initialised tensor by a tensor argument")
     if isinstance(meta_out, (list, tuple)):
         return type(meta_out)(
@@ -530,7 +422,7 @@ def _eager(func, args, kwargs, written, why):
     host_args, host_kwargs = pytree.tree_map_only(LazyInitTensor, to_host, (args, kwargs))
     out = func(*host_args, **host_kwargs)
     for storage, base in bases.values():
-        storage.root = _Ref(_Node("const", value=base, dtypes=base.dtype), None, (),
+        storage.root = Ref(Node("const", value=base, dtypes=base.dtype), None, (),
                             tuple(base.shape), base.dtype)
     if bases:
         _warn_host(func, why)
@@ -587,9 +479,9 @@ def _handle(func, args, kwargs, inside, backend):
         return args[0]
     if func is aten.copy_.default and isinstance(args[0], LazyInitTensor) \
             and not isinstance(args[1], LazyInitTensor) and args[1].shape == args[0].shape \
-            and args[1].dtype == args[0].dtype and _native(args[1].dtype):
+            and args[1].dtype == args[0].dtype and native(args[1].dtype):
         # A host value copied in (load_state_dict): the recipe is that value, held on the host.
-        _assign(args[0], _const(args[1]))
+        _assign(args[0], const_recipe(args[1]))
         return args[0]
     why = "outside backend.device only writes are recorded"
     if lazy_written and len(written) == 1 or (inside and not written):
@@ -620,12 +512,11 @@ def _rebind(t: LazyInitTensor, value: LazyInitTensor):
 
 def _traced(leaves) -> bool:
     """Whether a tracer's tensors take part: capture must see real factories."""
-    from torch._subclasses.fake_tensor import FakeTensor
     return any(isinstance(x, FakeTensor) for x in leaves) or \
         torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
 
 
-class _LazyMode(TorchDispatchMode):
+class LazyMode(TorchDispatchMode):
     """Active inside `backend.device` with lazy initialisation: factories make recipes."""
 
     def __init__(self, backend):
@@ -634,268 +525,3 @@ class _LazyMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return _dispatch(func, args, kwargs or {}, inside=True, backend=self.backend)
-
-
-# building --------------------------------------------------------------------------
-class _Slot(NamedTuple):
-    """A recipe tensor in a program: output `index` of value `pos`, through `chain`."""
-    pos: int
-    index: object
-    chain: tuple
-
-
-def _linearize(root: _Ref):
-    """The nodes `root` depends on, in an order where each follows its inputs."""
-    order, seen, stack = [], set(), [(root.node, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        stack.extend((d, False) for d in reversed(node.deps()) if id(d) not in seen)
-    return order
-
-
-def _freeze(x):
-    """A hashable key for a program argument; equal keys mean the same program."""
-    if isinstance(x, _Slot):
-        return ("slot", x.pos, _freeze(x.index), _freeze(x.chain))
-    if isinstance(x, list):
-        return ("list",) + tuple(_freeze(v) for v in x)
-    if isinstance(x, tuple):
-        return ("tuple",) + tuple(_freeze(v) for v in x)
-    if isinstance(x, dict):
-        return ("dict",) + tuple(sorted((k, _freeze(v)) for k, v in x.items()))
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return ("shape", tuple(x.shape), str(x.dtype))
-    if isinstance(x, (bool, int, float, complex)):
-        return (type(x).__name__, repr(x))
-    return x
-
-
-def _program(root: _Ref):
-    """(steps, key, consts, seeds): the recipe of `root` as a list of steps that refer to
-    earlier steps by position; constants and seeds are the program's inputs."""
-    order = _linearize(root)
-    pos = {id(n): i for i, n in enumerate(order)}
-    consts, seeds = [], []
-
-    def slot(x):
-        if isinstance(x, _Ref):
-            return _Slot(pos[id(x.node)], x.index, x.chain)
-        return x
-
-    steps = []
-    for node in order:
-        if node.kind == "const":
-            steps.append(("const", len(consts), node.dtypes))
-            consts.append(node.value)
-        elif node.kind == "op":
-            args, kwargs = pytree.tree_map(slot, (node.args, node.kwargs),
-                                           is_leaf=lambda x: isinstance(x, _Ref))
-            seed = None
-            if node.seed is not None:
-                seed = len(seeds)
-                seeds.append(node.seed)
-            steps.append(("op", node.op, args, kwargs, seed, node.dtypes))
-        else:
-            base, chain, value = node.args
-            steps.append(("write", slot(base), chain, slot(value), node.dtypes))
-    const_key = tuple((tuple(c.shape), str(c.dtype)) for c in consts)
-    key = (_freeze(steps), _freeze(slot(root)), root.dtype, const_key)
-    return steps, key, consts, seeds
-
-
-def _chain(value, chain):
-    for op, args, kwargs, index in chain:
-        value = LOWERINGS[op](value, *args, **kwargs)
-        if index is not None:
-            value = value[index]
-    return value
-
-
-def _cast(value, dtype):
-    want = to_jax_dtype(dtype)
-    return value if value.dtype == want else value.astype(want)
-
-
-def _run(steps, root, consts, seeds):
-    values = []
-
-    def get(s):
-        if isinstance(s, _Slot):
-            v = values[s.pos]
-            return _chain(v if s.index is None else v[s.index], s.chain)
-        return s
-
-    for step in steps:
-        kind = step[0]
-        if kind == "const":
-            values.append(consts[step[1]])
-        elif kind == "op":
-            _, op, args, kwargs, seed, dtypes = step
-            args, kwargs = pytree.tree_map(get, (args, kwargs), is_leaf=lambda x: isinstance(x, _Slot))
-            if seed is None:
-                out = LOWERINGS[op](*args, **kwargs)
-            else:
-                key = jax.random.fold_in(jax.random.key(seeds[seed, 0]), seeds[seed, 1])
-                out = _draw(op, args, kwargs, key, dtypes)
-            if isinstance(dtypes, tuple):
-                out = tuple(_cast(o, d) for o, d in zip(out, dtypes))
-            else:
-                out = _cast(out, dtypes)
-            values.append(out)
-        else:
-            _, base, chain, value, dtype = step
-            values.append(_write(get(base), chain, get(value)))
-    return _cast(get(root[0]), root[1])
-
-
-# Where a random op's arguments give its shape: the first argument's shape, or a size.
-_SHAPE_ARG = {aten.uniform.default: 0, aten.normal_functional.default: 0, aten.bernoulli.p: 0,
-              aten.rand_like.default: 0, aten.randn_like.default: 0, aten.rand.default: "size",
-              aten.randn.default: "size", aten.randint.low: "size", aten.randint.default: "size",
-              aten.normal.float_float: "size"}
-# A large random tensor is drawn this many elements at a time: JAX's threefry on the CPU
-# keeps temporaries of three times what one draw makes (768 MiB for a 256 MiB weight).
-_DRAW_ELEMENTS = 1 << 22
-
-
-def _draw(op, args, kwargs, key, dtypes):
-    """A random op's result. A large one is drawn in blocks of leading rows, each from
-    its own key folded from `key`, in one loop: XLA's temporaries stay the size of a
-    block. The blocks depend only on the shape, so the values do not depend on the
-    mesh."""
-    where = _SHAPE_ARG.get(op)
-    if where is None or isinstance(dtypes, tuple):
-        with key_stream(key):
-            return LOWERINGS[op](*args, **kwargs)
-    names = [a.name for a in op._schema.arguments]
-    i = names.index("size") if where == "size" else where
-    bound = list(args) + [kwargs.pop(n) for n in names[len(args):i + 1] if n in kwargs]
-    shape = tuple(bound[i]) if where == "size" else tuple(bound[i].shape)
-    numel = int(np.prod(shape)) if shape else 1
-    if numel <= _DRAW_ELEMENTS or not shape:
-        with key_stream(key):
-            return LOWERINGS[op](*bound, **kwargs)
-    per_row = numel // shape[0]
-    target = max(1, _DRAW_ELEMENTS // max(per_row, 1))
-    rows = _divisor_at_most(shape[0], target)
-    block = (rows,) + shape[1:]
-    if where == "size":
-        bound[i] = list(block)
-    else:
-        bound[i] = jax.ShapeDtypeStruct(block, bound[i].dtype)
-    dtype = to_jax_dtype(dtypes)
-
-    def body(j, out):
-        with key_stream(jax.random.fold_in(key, j)):
-            part = LOWERINGS[op](*bound, **kwargs)
-        return jax.lax.dynamic_update_slice(out, part.astype(dtype), (j * rows,) + (0,) * (len(shape) - 1))
-    return jax.lax.fori_loop(0, shape[0] // rows, body, jnp.zeros(shape, dtype))
-
-
-def _divisor_at_most(n, limit):
-    best, d = 1, 1
-    while d * d <= n:
-        if n % d == 0:
-            for c in (d, n // d):
-                if best < c <= limit:
-                    best = c
-        d += 1
-    return best
-
-
-def _write(base, chain, value):
-    """`base` with the elements the view `chain` selects set to `value`."""
-    if base.ndim == 0:
-        index = _chain(jnp.zeros((), jnp.int32), chain)
-        flat = base.reshape(1).at[index].set(jnp.broadcast_to(value, index.shape).astype(base.dtype))
-        return flat.reshape(())
-    coords = tuple(_chain(jax.lax.broadcasted_iota(jnp.int32, base.shape, d), chain)
-                   for d in range(base.ndim))
-    return base.at[coords].set(jnp.broadcast_to(value, coords[0].shape).astype(base.dtype))
-
-
-_programs: "OrderedDict[tuple, object]" = OrderedDict()
-_MAX_PROGRAMS = 256
-
-
-def _const_input(value, sharding):
-    if isinstance(value, jax.Array):
-        if value.sharding.device_set == sharding.device_set:
-            return value
-        value = jax_to_tensor(value)  # another backend's devices: through the host
-    if not _native(value.dtype):
-        value = value.to(to_torch_dtype(to_jax_dtype(value.dtype)))
-    return tensor_to_numpy(value)
-
-
-def _build(root: _Ref, sharding):
-    """The value of `root` computed on the devices of `sharding`, laid out by it."""
-    steps, key, consts, seeds = _program(root)
-    key = (key, sharding)
-    fn = _programs.get(key)
-    if fn is None:
-        rootslot = (_Slot(len(steps) - 1, root.index, root.chain), root.dtype)
-        fn = jax.jit(partial(_run, steps, rootslot), out_shardings=sharding)
-        _programs[key] = fn
-        if len(_programs) > _MAX_PROGRAMS:
-            _programs.popitem(last=False)
-    else:
-        _programs.move_to_end(key)
-    seed_words = np.array([[(s >> 32) & 0xFFFFFFFF, s & 0xFFFFFFFF] for s in seeds],
-                          dtype=np.uint32).reshape(len(seeds), 2)
-    return fn(tuple(_const_input(c, sharding) for c in consts), seed_words)
-
-
-# the device context ----------------------------------------------------------------
-class Device:
-    """`backend.device`: the backend's device, printable ("CSX", "CPU", "GPU") and a
-    context manager to build a model in.
-
-    On a CSX backend with `cstorch.backends.csx.debug.lazy_initialization` (default True,
-    read when the context is entered), tensors created inside it are lazy
-    (`LazyInitTensor`): no host memory, built on the devices by `cstorch.compile`. On CPU
-    and GPU backends, or with the flag False, tensors are created eagerly by PyTorch, with
-    eager PyTorch's values. Entering it again while inside is allowed and changes nothing.
-    """
-
-    def __init__(self, backend):
-        self._backend = backend
-        self._mode = None
-        self._depth = 0
-
-    @property
-    def type(self) -> str:
-        return str(self._backend.backend_type)
-
-    @property
-    def lazy_initialization(self) -> bool:
-        """Whether entering this context now makes created tensors lazy."""
-        from cstorch.backends import csx
-        return self._backend.is_csx and csx.debug.lazy_initialization
-
-    def __str__(self):
-        return self.type
-
-    def __repr__(self):
-        return f"device(type={self.type!r})"
-
-    def __enter__(self):
-        if self._depth == 0 and self.lazy_initialization:
-            self._mode = _LazyMode(self._backend)
-            self._mode.__enter__()
-        self._depth += 1
-        return self
-
-    def __exit__(self, *exc):
-        self._depth -= 1
-        if self._depth == 0 and self._mode is not None:
-            mode, self._mode = self._mode, None
-            mode.__exit__(*exc)
-        return False

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
 from cstorch.tracing import python_values
-from tests.foundation.models import rel_err, sgd_pair
+from tests.models import rel_err, sgd_pair
 
 
 class UserLinear(nn.Linear):
@@ -100,7 +100,7 @@ def test_a_value_seen_before_takes_its_program_again():
     eager, ours, step, eager_step = _pair()
     temperatures = [2.0, 5.0, 2.0, 5.0, 2.0]
     for i, t in enumerate(temperatures):
-        _set((eager, ours), lambda m: setattr(m.body[1], "temperature", t))
+        _set((eager, ours), lambda m: setattr(m.body[1], "temperature", t))  # noqa: B023 (applied within this iteration)
         assert rel_err(float(step(*_batch(i))), eager_step(*_batch(i))) < 1e-5
     assert step.captures == 2
     assert step.recaptures == [["model.body.1.temperature changed from 2.0 to 5.0"]]
@@ -112,7 +112,7 @@ def test_a_tensor_made_from_an_attribute_is_compared_by_value():
     # constant it makes differs, so the program must not stop watching `shift`.
     eager, ours, step, eager_step = _pair()
     for i, shift in enumerate([0.5, -1.5, 3.0, -1.5, 0.25]):
-        _set((eager, ours), lambda m: setattr(m, "shift", shift))
+        _set((eager, ours), lambda m: setattr(m, "shift", shift))  # noqa: B023 (applied within this iteration)
         assert rel_err(float(step(*_batch(i))), eager_step(*_batch(i))) < 1e-5
     assert step.captures == 4
 
@@ -134,7 +134,7 @@ def test_an_attribute_that_keeps_changing_the_program_warns():
     step(*_batch(0))
     eager_step(*_batch(0))
     for i, t in enumerate([3.0, 4.0], start=1):
-        _set((eager, ours), lambda m: setattr(m.body[1], "temperature", t))
+        _set((eager, ours), lambda m: setattr(m.body[1], "temperature", t))  # noqa: B023 (applied within this iteration)
         step(*_batch(i))
         eager_step(*_batch(i))
     _set((eager, ours), lambda m: setattr(m.body[1], "temperature", 6.0))
@@ -150,7 +150,7 @@ def test_retrace_every_iteration_needs_no_watch():
     cstorch.backends.csx.debug.retrace_every_iteration = True
     try:
         for i, t in enumerate([2.0, 5.0]):
-            _set((eager, ours), lambda m: setattr(m.body[1], "temperature", t))
+            _set((eager, ours), lambda m: setattr(m.body[1], "temperature", t))  # noqa: B023 (applied within this iteration)
             assert rel_err(float(step(*_batch(i))), eager_step(*_batch(i))) < 1e-5
     finally:
         cstorch.backends.csx.debug.retrace_every_iteration = False

@@ -1,4 +1,4 @@
-"""Small models the foundation tests train."""
+"""Small models the tests train."""
 import numpy as np
 import torch
 import torch.nn as nn

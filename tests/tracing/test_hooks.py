@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import cerebras.pytorch as cstorch
-from tests.foundation.models import rel_err, sgd_pair
+from tests.models import rel_err, sgd_pair
 
 
 def _pair(seed=0):

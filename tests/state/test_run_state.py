@@ -34,7 +34,7 @@ def close(a, b, rtol=RTOL):
 
 
 def assert_same_params(model, ref):
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+    for (_name, p), q in zip(model.named_parameters(), ref.parameters()):
         close(p, q)
 
 
@@ -171,7 +171,7 @@ def test_uncompiled_teacher_is_registered_with_a_notice(capfd):
         opt.step()
         return loss
 
-    for i, (x, y) in enumerate(batches(4)):
+    for x, y in batches(4):
         with torch.no_grad():
             ref_soft = F.softmax(ref_teacher(x), -1)
         ref_loss = F.cross_entropy(ref(x), ref_soft)

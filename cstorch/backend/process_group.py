@@ -13,10 +13,10 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional
 
 import jax
 import torch.distributed as dist
+from jax._src import xla_bridge
 
 # dist_backend -> the JAX platform whose devices the run uses.
 PLATFORMS = {"nccl": "gpu", "gloo": "cpu"}
@@ -36,15 +36,15 @@ class ProcessGroup:
         return self.rank == self.main_process_id
 
 
-_group: Optional[ProcessGroup] = None
+_group: ProcessGroup | None = None
 
 
-def current() -> Optional[ProcessGroup]:
+def current() -> ProcessGroup | None:
     """The process group of this process's run, or None outside a multi-process run."""
     return _group
 
 
-def _env_int(name: str) -> Optional[int]:
+def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
     if value is None:
         return None
@@ -54,7 +54,7 @@ def _env_int(name: str) -> Optional[int]:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
-def initialize(dist_backend: str, init_method: Optional[str], main_process_id: int,
+def initialize(dist_backend: str, init_method: str | None, main_process_id: int,
                timeout_s: float = 300.0) -> ProcessGroup:
     """Join this process to the run's other processes (once per process)."""
     global _group
@@ -79,7 +79,6 @@ def initialize(dist_backend: str, init_method: Optional[str], main_process_id: i
     if world_size is not None and not 0 <= main_process_id < world_size:
         raise ValueError(f"main_process_id {main_process_id} is not a rank of this run "
                          f"(WORLD_SIZE={world_size}); use a rank from 0 to {world_size - 1}")
-    from jax._src import xla_bridge
     if xla_bridge.backends_are_initialized():
         raise RuntimeError(
             "JAX was already used in this process before the distributed backend was created; "
