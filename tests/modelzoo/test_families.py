@@ -5,8 +5,8 @@ SGD and with AdamW: the losses and every parameter equal the same model trained 
 numbers of the table in docs/modelzoo.md.
 
 The default run trains the families of DEFAULT 3 steps with SGD (a mixture of experts, an
-encoder-decoder, self-distillation, a multimodal model; GPT-2 and LLaMA are in
-test_train.py), and DiT one step; every other family, and AdamW for all, are marked slow.
+encoder-decoder, a multimodal model; GPT-2 and LLaMA are in test_train.py), and DiT one
+step; every other family, and AdamW for all, are marked slow.
 """
 import numpy as np
 import pytest
@@ -18,15 +18,15 @@ from tests.modelzoo.parity import ADAMW, measure, noise_keys, run
 STEPS = 3
 DEFAULT_RTOL = 1e-5   # float32 throughout, the bar of the project
 # DiT computes under bfloat16 autocast; its forward is eager's bit for bit, but eager
-# rounds a convolution's weight gradient once per sample (docs/modelzoo.md): a quarter of
-# a bfloat16 unit in the last place.
-RTOL = {"dit": 1e-3}
+# rounds a convolution's weight gradient once per sample (docs/modelzoo.md): half a
+# bfloat16 unit in the last place.
+RTOL = {"dit": 2.0 ** -9}
 # BaseSSLArch sums its losses into a float16 tensor (`torch.tensor(0.0,
 # dtype=cstorch.amp.get_half_dtype())`): float32 values a hair apart can round to
 # neighbouring float16 values, 2**-10 apart; the parameters are held to DEFAULT_RTOL.
 LOSS_RTOL = {"dino": 2.0 ** -10, "generic_image_encoders": 2.0 ** -10}
 # within the default run's budget of about a minute
-DEFAULT = ("mixtral", "t5", "dino", "llava")
+DEFAULT = ("mixtral", "t5", "llava")
 
 
 def check(name, optimizer, steps=STEPS):
