@@ -7,8 +7,11 @@ Workloads (benchmarks/workloads): mlp-tiny, gpt-small, transformer-lm and cnn tr
 CPU against eager PyTorch, torch.compile and the model written by hand in JAX
 (benchmarks/peers.py), each in a fresh process (benchmarks/harness.py); first-step times
 the 4-layer GPT's first step with a cold and a warm compile_dir (benchmarks/first_step.py);
-executor times the DataExecutor loop against a bare loop over the same batches. torchax is
-not run: the project does not install it.
+executor times the DataExecutor loop against a bare loop over the same batches;
+peak-memory reads each peer's peak host memory over 3 AdamW steps of a 153M-parameter GPT
+(--quick: width 256, 2 layers) and bert-first-step times a tiny transformers BERT
+classifier's first step (benchmarks/peak_memory.py). torchax is not run: the project does
+not install it.
 
 Each timed figure is the median over repeated timed passes after a warm-up pass, with the
 spread (min-max) over the passes. The physical floor of a training workload is its FLOPs
@@ -29,7 +32,7 @@ import time
 
 import psutil
 
-from benchmarks import first_step, workloads
+from benchmarks import first_step, peak_memory, workloads
 from benchmarks._report import steal_since, write_section
 from benchmarks.harness import MARK
 from benchmarks.peers import ORDER, TITLES
@@ -96,6 +99,11 @@ def executor_runs(mode, steps, repeats):
         runs.append(in_subprocess("executor", steps or n, repeats or r, (),
                                   ("--model", model)))
     return {"workload": "executor", "models": runs}
+
+
+def _own(peers):
+    """The peers of `peak_memory` among `peers` (it has no hand-written JAX peer)."""
+    return [p for p in peers if p in peak_memory.PEERS]
 
 
 def first_steps(repeats):
@@ -249,6 +257,14 @@ def report(command, where, results, rate, quick) -> str:
                   "workload (capture and compilation included, imports excluded)"
                   + (f"; {r['steal']}" if "steal" in r else "") + ".", "",
                   first_step_table(r, by_name.get("gpt-small")), ""]
+    if "peak-memory" in by_name:
+        r = by_name["peak-memory"]
+        parts += [f"Peak host memory (benchmarks/peak_memory.py; {r.get('steal', '')}):", "",
+                  peak_memory.memory_table(r["peers"], r["mode"]), ""]
+    if "bert-first-step" in by_name:
+        r = by_name["bert-first-step"]
+        parts += [f"Tiny BERT's first step (benchmarks/peak_memory.py; {r.get('steal', '')}):",
+                  "", peak_memory.bert_table(r["peers"]), ""]
     if "executor" in by_name:
         r = by_name["executor"]
         parts += ["DataExecutor overhead: each model in a fresh process (benchmarks/harness.py), "
@@ -289,7 +305,7 @@ def main(argv=None):
             continue
         if name == "first-step":
             steps, repeats = SIZES[name][mode]
-        elif name != "executor":
+        elif name in workloads.TRAINING:
             steps, repeats = workloads.load(name).SIZES[mode]
             steps, repeats = args.steps or steps, args.repeats or repeats
         start, cpu = time.perf_counter(), psutil.cpu_times()
@@ -301,6 +317,12 @@ def main(argv=None):
                 results.append({"workload": name, "error": f"{type(e).__name__}: {e}"[:300]})
         elif name == "executor":
             results.append(executor_runs(mode, args.steps, args.repeats))
+        elif name == "peak-memory":   # one peer at a time: the full size takes GBs each
+            results.append({"workload": name, "mode": mode,
+                            "peers": peak_memory.peak_memory(mode, _own(peers))})
+        elif name == "bert-first-step":
+            results.append({"workload": name,
+                            "peers": peak_memory.bert_first_step(_own(peers))})
         else:
             results.append(in_subprocess(name, steps, repeats, peers))
         results[-1]["steal"] = steal_since(cpu)

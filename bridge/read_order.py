@@ -48,6 +48,21 @@ def read_after_update(gm: fx.GraphModule, n: int) -> list[bool]:
     return late
 
 
+def untouched_inputs(gm: fx.GraphModule, n: int) -> list[bool]:
+    """For each of the first `n` inputs of `gm`, whose first `n` outputs are their new
+    values: whether the graph neither reads it nor changes it (it is only returned, as
+    its own new value)."""
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"][:n]
+    output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
+    returned = output.args[0]
+    counts: dict = {}
+    for value in returned:
+        if isinstance(value, fx.Node):
+            counts[value] = counts.get(value, 0) + 1
+    return [returned[i] is node and counts[node] == 1 and set(node.users) == {output}
+            for i, node in enumerate(placeholders)]
+
+
 def _is_foreach(node: fx.Node) -> bool:
     return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
         and node.target._schema.name.startswith("aten::_foreach_")

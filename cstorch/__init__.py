@@ -4,6 +4,7 @@ This module is a face: it re-exports the public names, which live in the modules
 """
 import sys
 
+from cstorch import torch_compat
 from cstorch import amp, backends, distributed, metrics, optim, utils
 from cstorch import cirh, core, experimental, lib, nn, profiler
 from cstorch import mesh
@@ -25,6 +26,8 @@ from cstorch.version import __version__ as __version__
 # The reference's `cerebras.pytorch.nn.functional` has the package as an attribute; set
 # here, since the module importing its own parent package would be an import cycle.
 nn.functional.cstorch = sys.modules[__name__]
+
+torch_compat.restore_treespec_replace()
 
 # True only while documentation is generated (never here); Model Zoo checks it to swap in
 # stand-ins for classes that need a live cluster.

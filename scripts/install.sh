@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Install the project into ./.venv. `scripts/install.sh test` adds the test dependencies.
+# Install the project into ./.venv. `scripts/install.sh test` adds the test dependencies and
+# the `modelzoo` extra (what Cerebras Model Zoo's trainer needs; tests/modelzoo runs it).
 # torch is pinned to the CPU build first, so that no dependency can pull a CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
 if [ "${1:-}" = "test" ]; then
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test,modelzoo]"
 else
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
 fi

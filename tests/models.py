@@ -51,3 +51,15 @@ def sgd_pair(eager, ours):
         return float(loss)
 
     return step, eager_step, optimizer, reference
+
+
+def classifier_step(compiled, optimizer):
+    """A traced training step of a classifier: cross-entropy, zero_grad, backward, step."""
+    @cstorch.trace
+    def step(x, y):
+        loss = F.cross_entropy(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+    return step

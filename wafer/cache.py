@@ -26,6 +26,7 @@ class CompileStats:
     seconds: float = 0.0   # spent in XLA compilation or reading the cache
     lowering_seconds: float = 0.0   # tracing the JAX function and lowering it to StableHLO
     artifact_seconds: float = 0.0   # writing jaxpr, StableHLO, HLO and analyses
+    loading_seconds: float = 0.0    # reading executables a compile_dir stored (wafer.stored)
 
     @property
     def compiled(self) -> int:
@@ -34,6 +35,7 @@ class CompileStats:
 
 stats = CompileStats()
 _hits_now = [0]
+_directory = [None]
 
 
 def _on_event(event: str, **kwargs):
@@ -47,6 +49,7 @@ monitoring.register_event_listener(_on_event)
 def use_compile_dir(path: str) -> None:
     """Read and write compiled programs in `path` from now on (created if missing)."""
     os.makedirs(path, exist_ok=True)
+    _directory[0] = os.path.abspath(path)
     jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -57,6 +60,31 @@ def use_compile_dir(path: str) -> None:
         compilation_cache.reset_cache()
     except (ImportError, AttributeError):
         pass
+
+
+def cache_hits() -> int:
+    """How many compilations the persistent cache served in this process."""
+    return _hits_now[0]
+
+
+@contextlib.contextmanager
+def cache_off():
+    """Compile without the persistent cache inside the block."""
+    # JAX decides once whether to use its cache; reset_cache makes it decide again.
+    from jax._src import compilation_cache  # noqa: PLC0415 (private; may move between jax releases)
+    was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", was)
+        compilation_cache.reset_cache()
+
+
+def compile_dir():
+    """The directory `use_compile_dir` named last, or None."""
+    return _directory[0]
 
 
 @contextlib.contextmanager

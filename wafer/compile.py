@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from wafer.cache import counted, stats
+from wafer.cache import cache_hits, counted, stats
 from wafer.layout import batch_sharding, replicated, state_sharding
 
 
@@ -24,6 +24,9 @@ class CompiledStep:
     lowered: Any
     input_shardings: list   # of the call's tensor inputs
     split: Optional["StateSplit"] = None
+    input_shapes: list = ()   # of the call's tensor inputs
+    from_cache: bool = False   # whether the executable was read from the persistent cache
+    compiler_options: dict = None
 
     @property
     def kept(self) -> tuple:
@@ -80,6 +83,7 @@ def compile_step(fn: Callable, args, *, mesh, artifact_dir: str | None = None,
     lowered = traced.lower()
     stats.lowering_seconds += time.perf_counter() - start
     executable = None
+    hits = cache_hits()
     if compile:
         with counted():
             executable = lowered.compile(compiler_options=compiler_options(mesh))
@@ -87,7 +91,9 @@ def compile_step(fn: Callable, args, *, mesh, artifact_dir: str | None = None,
         start = time.perf_counter()
         write_artifacts(traced, lowered, executable, artifact_dir, name)
         stats.artifact_seconds += time.perf_counter() - start
-    return CompiledStep(executable, traced, lowered, input_sh, split)
+    return CompiledStep(executable, traced, lowered, input_sh, split,
+                        [tuple(getattr(x, "shape", ())) for x in inputs],
+                        from_cache=cache_hits() != hits, compiler_options=compiler_options(mesh))
 
 
 class StateSplit:

@@ -8,14 +8,14 @@
 - `jax_init(model)`: (params, buffers), pytrees of arrays from the torch model's values;
 - `jax_loss(params, buffers, *batch)`: (loss, new buffers), the same math written in JAX.
 
-`first-step` and `executor` are measured by their own code (benchmarks/first_step.py,
-benchmarks/harness.py).
+`first-step`, `executor`, `peak-memory` and `bert-first-step` are measured by their own
+code (benchmarks/first_step.py, benchmarks/harness.py, benchmarks/peak_memory.py).
 """
 import importlib
 
 TRAINING = {"mlp-tiny": "mlp_tiny", "gpt-small": "gpt_small", "transformer-lm": "transformer_lm",
             "cnn": "cnn"}
-SPECIAL = ("first-step", "executor")
+SPECIAL = ("first-step", "executor", "peak-memory", "bert-first-step")
 ALL = tuple(TRAINING) + SPECIAL
 
 

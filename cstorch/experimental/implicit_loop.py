@@ -1,11 +1,12 @@
-"""Autoregressive generation with an implicit loop, one iteration per traced step.
+"""Autoregressive generation with an implicit loop.
 
 On a Cerebras system, the ops between `start_implicit_loop` and `update_implicit_loop`
-become a loop that the compiler runs on the device until generation ends. Here a traced
-step runs that body once: each call of the step generates one more token per sequence,
-and the caller repeats the step, passing back the sequences it returned, for as many
-tokens as it wants (stopping at `max_tokens` tokens, at a stop sequence, or when the
-sequences are full; the returned sequences stop changing once they are full).
+become a loop that runs on the device until generation ends. So it does here in a traced
+step: the step's body is captured once and compiled as one `jax.lax.while_loop`
+(`cstorch.tracing.implicit_loop_program`), so that one call of the step generates up to
+`max_tokens` tokens per sequence, stopping each sequence at its stop sequences and the
+loop when every sequence is done or full. Outside a traced step (eager), a call runs the
+body once: one token per sequence.
 
 The sequences follow Model Zoo's layout: each prompt is followed by padding with
 `start_token` up to the sequence length, and generated tokens replace the padding from
@@ -15,6 +16,8 @@ iteration, which then predicts at the same position again.
 import warnings
 
 import torch
+
+from cstorch.tracing import implicit_loop_program
 
 _warned: list = []   # the not-applied warning is given once per process
 
@@ -61,6 +64,9 @@ def start_implicit_loop(input_tensor: torch.Tensor, loop_dim: int) -> torch.Tens
     first_pad = length - trailing.sum(dim=dim, keepdim=True)
     index = torch.clamp(first_pad - 1, min=0)
     setattr(index, _LOOP_DIM, dim)   # read by get_loop_iteration_slice and update_implicit_loop
+    recorder = implicit_loop_program.current()
+    if recorder is not None:
+        recorder.note_start(input_tensor, index)
     return index
 
 
@@ -96,18 +102,21 @@ def update_implicit_loop(input_tensor: torch.Tensor, index_tensor: torch.Tensor,
     value, as `start_implicit_loop` reads it). A sequence that is full is returned
     unchanged.
 
-    `stop_sequences_tensor` and `max_tokens` say when the device loop of a Cerebras
-    system ends. One iteration per step has no loop to end: they are accepted and not
-    applied; the caller that repeats the step stops when a sequence ends with one of
-    its stop sequences or has `max_tokens` new tokens.
+    `stop_sequences_tensor` (shape (batch, number, length), or (number, length) shared by
+    every sequence, each stop sequence padded with `start_token`; rows of padding are none)
+    and `max_tokens` end the loop: in a traced step, the step generates until each sequence ends
+    with one of its stop sequences, has `max_tokens` new tokens, or is full. Eager, a call
+    generates one token and they cannot apply (a warning says so once).
     """
-    if (stop_sequences_tensor is not None or max_tokens is not None) and not _warned:
+    recorder = implicit_loop_program.current()
+    if recorder is None and (stop_sequences_tensor is not None or max_tokens is not None) \
+            and not _warned:
         _warned.append(True)
         warnings.warn(
-            "update_implicit_loop: stop_sequences_tensor and max_tokens end a device loop on a "
-            "Cerebras system; here a traced step generates one token per call, so they are not "
-            "applied: call the step again, passing back the sequences it returns, until a "
-            "sequence ends with a stop sequence or has max_tokens new tokens", stacklevel=2)
+            "update_implicit_loop: called outside a traced step, it generates one token per "
+            "call, so stop_sequences_tensor and max_tokens are not applied; inside a "
+            "@cstorch.trace step the whole generation runs as one compiled loop that applies "
+            "them", stacklevel=2)
     dim = _check_dim(input_tensor, _loop_dim(index_tensor), "update_implicit_loop")
     length = input_tensor.shape[dim]
     index = index_tensor.to(torch.int64)
@@ -125,4 +134,8 @@ def update_implicit_loop(input_tensor: torch.Tensor, index_tensor: torch.Tensor,
             is_pad = is_pad | (current == token)
     new = update_tensor.to(input_tensor.dtype).reshape(index.shape)
     value = torch.where(inside & is_pad, new, current)
-    return torch.scatter(input_tensor, dim, position, value)
+    result = torch.scatter(input_tensor, dim, position, value)
+    if recorder is not None:
+        recorder.note_update(input_tensor, index_tensor, result, stop_sequences_tensor,
+                             start_token, max_tokens)
+    return result

@@ -89,7 +89,10 @@ def step_data(program, values, backend, call, device_inputs: DeviceInputs) -> St
     inputs = [tensor_to_input(t) for t in call.tensors]
     if backend.distributed:
         inputs = global_inputs(inputs, program.compiled.input_shardings, backend.process_count)
-    return StepData(state.arrays_list, grads, device_inputs.hyper(values, backend), inputs,
+    arrays = state.arrays_list
+    if program.used is not None:
+        arrays = [arrays[i] for i in program.used]
+    return StepData(arrays, grads, device_inputs.hyper(values, backend), inputs,
                     device_inputs.rng(backend, program))
 
 
@@ -98,7 +101,12 @@ def run(program, data: StepData, backend, name: str):
     the step's results are returned as the step function returned them."""
     state = backend.state
     new_state, grads, outs = program.compiled(*data)
-    state.arrays_list[:] = new_state
+    if program.used is None:
+        state.arrays_list[:] = new_state
+    else:
+        arrays = state.arrays_list
+        for i, a in zip(program.used, new_state):
+            arrays[i] = a
     backend.step_count += 1
     if program.index_checks is not None:
         outs = list(outs)

@@ -34,7 +34,7 @@ from cstorch.metrics.metric import Metric
 from cstorch.notices import inform
 from cstorch.optim.optimizer import hyperparameters
 from cstorch.run.capture_context import CaptureContext, UnregisteredModule, capturing
-from cstorch.tracing import hooks, index_check, micro_batch, python_values
+from cstorch.tracing import hooks, implicit_loop_program, index_check, micro_batch, python_values
 from cstorch.tracing.arguments import Call, Results
 from cstorch.tracing.binding import bind_state, bind_hyperparameters
 from cstorch.tracing.cumulative_batch_norm import cumulative_batch_norm
@@ -130,6 +130,7 @@ class _Outcome:
     dtypes: list = field(default_factory=list)      # of every tensor output
     shapes: list = field(default_factory=list)
     held: tuple = ()          # (result position, cell) of results that are state tensors
+    loop: implicit_loop_program.LoopSpec | None = None   # where the step's implicit loop is
 
 
 def _traced_function(step_fn, backend, call: Call, layout: _Layout, outcome: _Outcome,
@@ -163,6 +164,7 @@ def _traced_function(step_fn, backend, call: Call, layout: _Layout, outcome: _Ou
                 stack.enter_context(cumulative_batch_norm())
             token = capturing.set(outcome.ctx)
             stack.callback(capturing.reset, token)
+            loop = stack.enter_context(implicit_loop_program.recording())
             result = step_fn(*args, **kwargs)
             new_state = [None] * n
             for e in state.entries:
@@ -175,7 +177,8 @@ def _traced_function(step_fn, backend, call: Call, layout: _Layout, outcome: _Ou
         outs = outs + list(outcome.ctx.closure_tensors)
         outcome.dtypes = [t.dtype for t in outs]
         outcome.shapes = [tuple(t.shape) for t in outs]
-        return new_state + [leaves[i].grad for i in outcome.grad_out] + outs
+        outcome.loop, loop_outs = loop.finish(inputs, outs, outcome.grad_out, micro)
+        return new_state + [leaves[i].grad for i in outcome.grad_out] + outs + loop_outs
     return step
 
 
@@ -207,7 +210,12 @@ def _lower(graph, backend, layout, outcome, micro):
     check_finite = csx.debug.check_finite
     check_indices = index_check.enabled(backend)
     if micro is None:
-        return bridge.lower(graph, check_finite=check_finite, check_indices=check_indices)
+        lowered = bridge.lower(graph, check_finite=check_finite, check_indices=check_indices)
+        if outcome.loop is None:
+            return lowered
+        n = len(layout.cells)
+        return implicit_loop_program.around(lowered, outcome.loop, n,
+                                            n + len(layout.grad_in) + 2 * len(layout.hyper))
     if check_finite:
         warnings.warn("cstorch.backends.csx.debug.check_finite does not cover micro-batched "
                       "steps; set micro_batch_size=None to find where a NaN or Inf starts",
@@ -222,10 +230,15 @@ def _lower(graph, backend, layout, outcome, micro):
     return lowered
 
 
-def _jax_fn(lowered, backend, layout, outcome, packing):
+def _jax_fn(lowered, backend, layout, outcome, packing, used):
     """fn(state list, grads list, hyper, inputs list, rng) -> (state, grads, outs) of the
-    lowered graph, under the backend's matmul policy and mesh annotations."""
+    lowered graph, under the backend's matmul policy and mesh annotations. The state list
+    holds the cells `used` (None: every cell)."""
     n, n_grads, n_hyper = len(layout.cells), len(outcome.grad_out), 2 * len(layout.hyper)
+    taken = range(n) if used is None else used
+    untouched = [] if used is None else [
+        (i, tuple(c.array.shape), c.array.dtype) for i, c in enumerate(layout.cells)
+        if i not in set(used)]
     policy = backend.matmul_policy
     # cstorch.mesh layouts mean a sharding on the emulated cluster only (elsewhere, none).
     boxes = functools.partial(wafer.box_mesh, backend.mesh) if backend.is_csx else None
@@ -234,12 +247,19 @@ def _jax_fn(lowered, backend, layout, outcome, packing):
         def key():
             return jax.random.fold_in(jax.random.PRNGKey(rng[0]), rng[1])
         flat_hyper = [hyper_values[i] for i in range(n_hyper)]
+        if untouched:   # stand-ins the graph never reads, which XLA leaves out
+            full = [None] * n
+            for i, a in zip(taken, state_arrays):
+                full[i] = a
+            for i, shape, dtype in untouched:
+                full[i] = jax.numpy.zeros(shape, dtype)
+            state_arrays = full
         with matmul_policy(policy), bridge.box_meshes(boxes):
             outs = lowered(*state_arrays, *grads, *flat_hyper, *inputs, key=key)
         grads_out = list(outs[n:n + n_grads])
         if packing is not None:
             grads_out = pack_grads(grads_out, packing)
-        return list(outs[:n]), grads_out, list(outs[n + n_grads:])
+        return [outs[i] for i in taken], grads_out, list(outs[n + n_grads:])
     return jax_fn
 
 
@@ -254,16 +274,18 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
     cells = layout.cells
     packing = (grad_layout([cells[i] for i in outcome.grad_out])
                 if len(backend.devices) == 1 else None)
-    jax_fn = _jax_fn(lowered, backend, layout, outcome, packing)
+    used = _used_cells(graph, len(cells)) if micro is None else None
+    taken = range(len(cells)) if used is None else used
+    jax_fn = _jax_fn(lowered, backend, layout, outcome, packing, used)
     inputs = [bridge.tensor_to_input(t) for t in layout.tensors]
     if backend.distributed:
         inputs = [jax.ShapeDtypeStruct(_global_shape(backend, x.shape), x.dtype) for x in inputs]
     compiled = wafer.compile_step(
-        jax_fn, ([c.array for c in cells], [cells[i].array for i in layout.grad_in],
+        jax_fn, ([cells[i].array for i in taken], [cells[i].array for i in layout.grad_in],
                  np.zeros(2 * len(layout.hyper), np.float32), inputs, np.zeros(2, np.uint32)),
         mesh=backend.mesh, artifact_dir=backend.artifacts_dir, name=name,
         compile=not backend.params.get("validate_only"), replicate_outputs=backend.distributed,
-        kept=_kept_state(graph, cells, backend) if micro is None else ())
+        kept=_kept_state(graph, cells, backend, taken) if micro is None else ())
     if backend.artifacts_dir:
         backend.layout_report(file=False)
     checked = micro is None and index_check.enabled(backend)
@@ -274,11 +296,12 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
         hyper=layout.hyper, results=outcome.results, out_dtypes=outcome.dtypes,
         out_shapes=outcome.shapes, closures=outcome.ctx.closures,
         uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=packing,
-        unread_grads=_unread_grad_inputs(compiled.jaxpr(), len(cells), len(layout.grad_in)),
+        unread_grads=_unread_grad_inputs(compiled.jaxpr(), len(taken), len(layout.grad_in)),
+        used=used,
         grad_source=GradSource(), held_results=outcome.held,
         constants=tuple((t, None if t.is_inference() else t._version, t.data_ptr())
                         for t in outcome.constants.values()),
-        python_values=_python_values(step_fn, state.named_modules()),
+        python_values=python_values_of(step_fn, state.named_modules()),
         hooks=hooks.Hooks((m for _, m in state.named_modules()), layout.params.values(),
                           backend.optimizers),
         finite_check=getattr(lowered, "checked", None) if csx.debug.check_finite else None,
@@ -293,19 +316,36 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
 # did but costs no copying. Below the size, donation cost less in the measurements
 # (docs/benchmarks.md, on donation).
 KEEP_MIN_BYTES = 256 * 1024
+# Each kept array's new value takes a buffer while the old one is still held: beyond this
+# many bytes of them in one program, every array is donated, and XLA's copies (scratch
+# memory it reuses) cost less memory than the kept arrays' second buffers (a 153M-parameter
+# GPT: 0.93 GB less peak host memory, docs/benchmarks.md).
+KEEP_MAX_TOTAL_BYTES = 64 * 1024 * 1024
 
 
-def _kept_state(graph, cells, backend) -> tuple:
-    """Indices of the state arrays the program takes without donating them."""
+def _kept_state(graph, cells, backend, taken) -> tuple:
+    """Positions, among the state arrays the program takes (the cells `taken`), of those
+    it takes without donating them."""
     if backend.mesh.devices.flat[0].platform != "cpu":
         return ()
     late = bridge.read_after_update(graph, len(cells))
-    return tuple(i for i, (read_late, c) in enumerate(zip(late, cells))
-                 if read_late and math.prod(c.array.shape) * np.dtype(c.array.dtype).itemsize
-                 >= KEEP_MIN_BYTES)
+    sizes = {k: math.prod(cells[i].array.shape) * np.dtype(cells[i].array.dtype).itemsize
+             for k, i in enumerate(taken) if late[i]}
+    kept = {k: size for k, size in sizes.items() if size >= KEEP_MIN_BYTES}
+    if sum(kept.values()) > KEEP_MAX_TOTAL_BYTES:
+        return ()
+    return tuple(sorted(kept))
 
 
-def _python_values(step_fn, named_modules) -> tuple:
+def _used_cells(graph, n):
+    """The state cells the graph reads or writes, or None when it touches every one."""
+    untouched = bridge.untouched_inputs(graph, n)
+    if not any(untouched):
+        return None
+    return tuple(i for i, u in enumerate(untouched) if not u)
+
+
+def python_values_of(step_fn, named_modules) -> tuple:
     """The Python values the step may have read: see `python_values`."""
     classes = {cls for _, m in named_modules for cls in type(m).__mro__}
     methods: dict = {}

@@ -51,6 +51,10 @@ class Program:
     # (result position, cell) of results that are a state tensor itself (`return
     # model.weight`): the call returns that tensor, as eager PyTorch returns the object.
     held_results: tuple = ()
+    # The state cells the program takes and returns, in order (None: every cell). The
+    # other cells, which the step neither reads nor writes (a model it does not use), stay
+    # out of the program and keep their arrays.
+    used: tuple | None = None
 
     def constants_changed(self):
         """The first constant written in place (or given new data) since the capture,
@@ -88,6 +92,8 @@ class Program:
             gm = program.graph
             return [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
 
+        if self.graph is None or other.graph is None:   # one taken from compile_dir
+            return False
         mine, theirs = made(self), made(other)
         return (self._body() == other._body()
                 and [id(c[0]) for c in self.constants] == [id(c[0]) for c in other.constants]

@@ -15,7 +15,7 @@ import torch
 
 from cstorch.backends import csx
 from cstorch.optim.optimizer import group_writes
-from cstorch.tracing import index_check, micro_batch, python_values
+from cstorch.tracing import index_check, micro_batch, python_values, warm
 from cstorch.tracing.arguments import fingerprint
 from cstorch.tracing.capture import capture_program
 from cstorch.tracing.changes import describe_graph_change, describe_key_change
@@ -34,6 +34,7 @@ class ProgramCache:
         self.name = name
         self.programs: dict = {}   # key -> [Program], told apart by their gradient rules
         self.captures = 0
+        self.warm_starts = 0   # programs taken from compile_dir without a capture
         self.recaptures: list = []   # why each capture after the first happened
         self._groups_cache = None
         self._last = None   # (key, programs) of the last call
@@ -126,8 +127,13 @@ class ProgramCache:
             warnings.warn(f"cstorch: {self.name}: {reason}; capturing it again, so that the "
                           f"step computes with its new value. Pass the tensor to the step as "
                           f"an argument, and a new value needs no new capture.", stacklevel=3)
-        program = capture_program(self.step_fn, backend, call, self.name)
-        self.captures += 1
+        program, stored = warm.capture_or_load(
+            self, backend, call, key,
+            lambda: capture_program(self.step_fn, backend, call, self.name))
+        if stored:
+            self.warm_starts += 1
+        else:
+            self.captures += 1
         # Registering modules during capture changes the state layout: key by the result.
         key, values = self.key(backend, call)
         if backend.retrace_every_iteration:

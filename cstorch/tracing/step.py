@@ -9,6 +9,7 @@ from cstorch.run.capture_context import is_capturing
 from cstorch.tracing import call as calling
 from cstorch.tracing import index_check
 from cstorch.tracing.arguments import split_call
+from cstorch.tracing.capture import capture_program
 from cstorch.tracing.jax_view import JaxStep, jax_step
 from cstorch.tracing.program_cache import ProgramCache
 
@@ -36,6 +37,11 @@ class TracedStep:
     def captures(self) -> int:
         """How many times the step was captured."""
         return self.cache.captures
+
+    @property
+    def warm_starts(self) -> int:
+        """How many programs were taken from `compile_dir` without a capture."""
+        return self.cache.warm_starts
 
     @property
     def recaptures(self) -> list:
@@ -84,4 +90,7 @@ class TracedStep:
         backend.state.sync()
         call = split_call(args, kwargs)
         program, values = self.cache.program(backend, call)
+        if program.jax_fn is None:   # taken from compile_dir, which keeps no JAX function
+            program = capture_program(self.step_fn, backend, call, self.name)
+            self.cache.captures += 1
         return jax_step(program, values, backend, call)

@@ -1,4 +1,5 @@
-"""cstorch.experimental: the implicit generation loop (one iteration per step), weight
+"""cstorch.experimental: the implicit generation loop (one iteration per eager call; traced
+steps: tests/compat/test_implicit_loop_compiled.py), weight
 Compression requests, and traced-tensor listener hooks."""
 import fnmatch
 
@@ -122,12 +123,13 @@ def test_traced_tensor_hooks_see_module_outputs_while_a_step_is_traced():
     assert seen == []
 
 
-def test_stop_sequences_and_max_tokens_warn_that_they_are_not_applied(monkeypatch):
+def test_stop_sequences_and_max_tokens_warn_that_eager_calls_cannot_apply_them(monkeypatch):
     from cstorch.experimental import implicit_loop
     monkeypatch.setattr(implicit_loop, "_warned", [])
     seq = torch.tensor([[2, START, START]])
     index = cstorch.experimental.start_implicit_loop(seq, loop_dim=1)
-    with pytest.warns(UserWarning, match="one token per call, so they are not applied"):
+    with pytest.warns(UserWarning, match="outside a traced step, it generates one token per "
+                      "call, so stop_sequences_tensor and max_tokens are not applied"):
         # stop_sequences_tensor and start_token have no defaults (api_signatures)
         cstorch.experimental.update_implicit_loop(seq, index, torch.tensor([[7]]), None,
                                                   START, max_tokens=4)

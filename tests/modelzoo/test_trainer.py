@@ -1,29 +1,19 @@
-"""Model Zoo's `Trainer` built from a params YAML as `cszoo fit` builds it
-(`run_trainer("train", params)`: `validate_trainer_params`, `configure_trainer_from_config`,
-`Trainer.fit`), fitting a tiny GPT-2 on the CPU backend with its default callbacks
-(CheckLoss, ComputeNorm, LogOptimizerParamGroup, profilers, ...) and loggers (progress,
-TensorBoard), checkpointing every 2 of 4 steps, then resuming from the first checkpoint.
+"""Model Zoo's `Trainer` run by its own CLI, `cszoo fit PARAMS.yaml --model_dir DIR`
+(`python -m cerebras.modelzoo.cli.main`: validate the params, build the Trainer, `fit`),
+fitting a tiny GPT-2 on the CPU backend with its default callbacks (CheckLoss, ComputeNorm,
+LogOptimizerParamGroup, profilers, ...) and loggers (progress, TensorBoard), checkpointing
+every 2 of 4 steps, then resuming from the first checkpoint (`--checkpoint_path`).
 
 The data is what `GptHDF5MapDataProcessor` reads: HDF5 files of preprocessed samples, each
 `data` row holding `input_ids`, the loss mask and `labels`.
 
-Model Zoo 2.10 was written against older pydantic and torch than this environment has;
-none of what follows is cstorch's, and the test bridges it where it runs the Trainer:
-
-- pydantic >= 2.10 makes a field required when `create_model` is given `...` as its default
-  even though its `Annotated[..., Field(default=...)]` type has one (Model Zoo's
-  `config/utils.py:134`), which older pydantic left optional. That is how
-  `trainer/validate.py:137,247` default the optimizer's `params` and each scheduler's
-  `optimizer`, which `configure_trainer_from_config` passes in itself: `_params` names
-  them (`params: []`, `optimizer: None`).
-- pydantic >= 2.10 calls a wrap serializer's handler without the `info` that
-  `trainer/validate.py:99` passes it: pydantic warns at every config dump and falls back
-  to its plain dump (the warnings are filtered).
-- torch 2.13's `TreeSpec` cannot be rebuilt with `dataclasses.replace`
-  (`trainer/validate.py:610`, turning tuples into lists when the config is dumped): the
-  dump's tuples become lists after `tree_unflatten` instead.
-- Model Zoo imports modules it does not use in training (`lm_eval`, `bigcode_eval`,
-  `wandb`, `jsonschema`, `datasets`): inert stand-ins, as tests/modelzoo/common.py has.
+Nothing of Model Zoo or of the libraries is patched: the install has the `modelzoo` extra
+(pydantic < 2.10, which Model Zoo's config classes need), and cstorch lets
+`dataclasses.replace` rebuild torch's `TreeSpec` as Model Zoo's config dump does
+(`cstorch.torch_compat`). Modules that Model Zoo imports but never uses in training and
+that are not on PyPI or not installable with a CPU-only torch (`bigcode_eval`,
+`torchvision`) or large and unused (`lm_eval`, `wandb`, `datasets`) are stood in for while
+they are not installed (tests/modelzoo/common.py).
 """
 import contextlib
 import importlib.util
@@ -32,6 +22,7 @@ import logging
 import math
 import os
 import re
+import runpy
 import sys
 import warnings
 from typing import Optional
@@ -52,33 +43,27 @@ STEPS, CKPT_STEPS, BATCH = 4, 2, 4
 RTOL = 1e-5
 
 
-def _tuples_to_lists(x):
-    if isinstance(x, (list, tuple)):
-        return [_tuples_to_lists(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _tuples_to_lists(v) for k, v in x.items()}
-    return x
+def _check_install():
+    import pydantic
+    if tuple(int(x) for x in pydantic.VERSION.split(".")[:2]) >= (2, 10):
+        pytest.fail(f"Model Zoo's trainer needs the `modelzoo` extra (pydantic < 2.10, here "
+                    f"{pydantic.VERSION}): pip install -e .[test,modelzoo], as "
+                    f"scripts/install.sh test does")
 
 
 @contextlib.contextmanager
-def _modelzoo_runtime(monkeypatch):
-    """Model Zoo's trainer modules importable and runnable here (see the module docstring)."""
+def _modelzoo_runtime():
+    """Model Zoo's modules importable: stand-ins for the modules it imports without using
+    them that are not installed (see the module docstring)."""
+    _check_install()
     missing = [n for n in EXTRA_STAND_INS if importlib.util.find_spec(n) is None]
     finder = common._StandInFinder(missing)
     sys.meta_path.insert(0, finder)
     try:
         with common._stand_ins_for_missing_modules(), warnings.catch_warnings():
-            # Model Zoo's serializers are written for pydantic < 2.10's wrap-serializer
-            # call: pydantic warns at every dump and falls back to the plain dump.
-            warnings.filterwarnings("ignore", message="Pydantic serializer warnings")
             warnings.filterwarnings("ignore", category=FutureWarning, module="cerebras.modelzoo")
             warnings.filterwarnings("ignore", category=DeprecationWarning,
                                     module="cerebras.modelzoo")
-            import cerebras.modelzoo.trainer.validate as validate
-            unflatten = validate.tree_unflatten
-            monkeypatch.setattr(validate, "TreeSpec", type("NoTreeSpec", (), {}))
-            monkeypatch.setattr(validate, "tree_unflatten",
-                                lambda values, spec: _tuples_to_lists(unflatten(values, spec)))
             yield
     finally:
         sys.meta_path.remove(finder)
@@ -86,22 +71,17 @@ def _modelzoo_runtime(monkeypatch):
             del sys.modules[name]
 
 
-def _params(model_dir, data_dir, max_steps=STEPS, ckpt_path=None):
+def _params(tmp_path, data_dir, max_steps=STEPS):
+    """The params YAML with the data directory and step count of this run, written to
+    `tmp_path`: its path."""
     with open(PARAMS) as f:
         params = yaml.safe_load(f)
-    init, fit = params["trainer"]["init"], params["trainer"]["fit"]
-    init["model_dir"] = str(model_dir)
-    init["loop"]["max_steps"] = max_steps
-    fit["train_dataloader"]["data_dir"] = str(data_dir)
-    if ckpt_path is not None:
-        fit["ckpt_path"] = str(ckpt_path)
-    # pydantic >= 2.10: the fields Model Zoo fills in at construction must be named.
-    for optimizer in init["optimizer"].values():
-        optimizer.setdefault("params", [])
-    for scheduler in init["schedulers"]:
-        for args in scheduler.values():
-            args.setdefault("optimizer", None)
-    return params
+    params["trainer"]["init"]["loop"]["max_steps"] = max_steps
+    params["trainer"]["fit"]["train_dataloader"]["data_dir"] = str(data_dir)
+    path = tmp_path / "params.yaml"
+    with open(path, "w") as f:
+        yaml.safe_dump(params, f)
+    return path
 
 
 def _write_samples(data_dir, samples=8 * BATCH, seed=0):
@@ -131,13 +111,16 @@ def _restoring_logging():
         sys.excepthook = excepthook
 
 
-def _fit(params, monkeypatch):
-    with _modelzoo_runtime(monkeypatch), _restoring_logging():
-        from cerebras.modelzoo.trainer.utils import cached_cstorch_backend, run_trainer
+def _cszoo_fit(*args):
+    """`cszoo fit ARGS` in this process: Model Zoo's CLI module run as `python -m` runs it."""
+    with _modelzoo_runtime(), _restoring_logging(), \
+            pytest.MonkeyPatch.context() as monkeypatch:
+        from cerebras.modelzoo.trainer.utils import cached_cstorch_backend
         # Each fit on a new backend, as a new `cszoo fit` process has (Model Zoo keeps the
         # backend of the last trainer for the next one in the same process).
         cached_cstorch_backend.cache_clear()
-        run_trainer("train", params)
+        monkeypatch.setattr(sys, "argv", ["cszoo", "fit", *map(str, args)])
+        runpy.run_module("cerebras.modelzoo.cli.main", run_name="__main__", alter_sys=False)
 
 
 def _scalars(model_dir, name):
@@ -175,7 +158,7 @@ def first_fit(tmp_path_factory):
     _write_samples(data_dir)
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.chdir(tmp_path)
-        _fit(_params(model_dir, data_dir), monkeypatch)
+        _cszoo_fit(_params(tmp_path, data_dir), "--model_dir", model_dir)
     return data_dir, model_dir
 
 
@@ -247,8 +230,8 @@ def test_trainer_resumes_from_its_checkpoint(first_fit, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     resumed_dir = tmp_path / "resumed"
 
-    _fit(_params(resumed_dir, data_dir, ckpt_path=model_dir / f"checkpoint_{CKPT_STEPS}.mdl"),
-         monkeypatch)
+    _cszoo_fit(_params(tmp_path, data_dir), "--model_dir", resumed_dir,
+               "--checkpoint_path", model_dir / f"checkpoint_{CKPT_STEPS}.mdl")
 
     resumed_losses = _scalars(resumed_dir, "loss")
     assert sorted(resumed_losses) == list(range(CKPT_STEPS + 1, STEPS + 1))
@@ -269,7 +252,7 @@ def test_trainer_resumes_from_its_checkpoint(first_fit, tmp_path, monkeypatch):
 
 def test_what_the_trainer_reads_from_cstorch():
     """The cstorch surface the Trainer uses beyond a plain training loop, checked directly:
-    its checkpoint `Schedule.Range` arithmetic, `@cstorch.trace` on a method, the compiled
+    its checkpoint `Schedule.Range` arithmetic, DataLoader ids, `@cstorch.trace` on a method, the compiled
     model's `device`, `backend.is_tracing` and `backend._impl`, and the optimizer
     annotations its config classes are built from."""
     Range = cstorch.utils.data.Schedule.Range
@@ -280,6 +263,11 @@ def test_what_the_trainer_reads_from_cstorch():
     assert [r.next_immediate_step(i) for i in (0, 1, 2, 4, 5, 8)] == [1, 1, 4, 4, 7, 8]
     with pytest.raises(TypeError, match="missing 3 required positional arguments"):
         Range(start=0)
+
+    # Each DataLoader has its own `id`, which the trainer keys validation dataloaders by.
+    loaders = [cstorch.utils.data.DataLoader(lambda: []) for _ in range(2)]
+    assert isinstance(loaders[0].id, int) and loaders[0].id != loaders[1].id
+    assert loaders[0].id == loaders[0].id
 
     backend = cstorch.backend("CPU")
     assert backend._impl is backend

@@ -76,6 +76,15 @@ def test_adamw_trains_like_eager_with_a_kept_parameter():
     assert [backend.state.names[i] for i in program.compiled.kept] == ["model.2.weight"]
 
 
+def test_every_array_is_donated_when_the_kept_ones_would_hold_too_much(monkeypatch):
+    """Kept arrays take a second buffer each: past KEEP_MAX_TOTAL_BYTES of them (a large
+    model), every state array is donated and training is unchanged."""
+    import cstorch.tracing.capture as capture
+    monkeypatch.setattr(capture, "KEEP_MAX_TOTAL_BYTES", 512 * 256 * 4 - 1)
+    _, program = _train("AdamW", dict(lr=1e-2, weight_decay=0.1))
+    assert program.compiled.kept == ()
+
+
 def test_read_after_update_follows_foreach_elements_and_views():
     """Each parameter's update is its own computation inside one foreach op, and a
     transposed weight is still the weight: the second layer's weight is read late (by the

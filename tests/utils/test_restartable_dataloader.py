@@ -94,6 +94,28 @@ def test_single_worker_resumes_at_the_next_sample():
     assert resumed.state_dict() == {"worker_0": {"batches": 21, "worker": 0}}
 
 
+class NoStrictLoader(ShuffledLoader):
+    """The protocol's load and deaggregate methods without `strict`, as Model Zoo's HDF5
+    iterable data processors define them."""
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+
+    def deaggregate_state_dict(self, aggregated_state_dict):
+        return aggregated_state_dict
+
+
+def test_a_loader_whose_methods_take_no_strict_resumes():
+    cstorch.backend("CPU")
+    samples = _samples()
+    expected = _take(DataLoader(NoStrictLoader, samples, 4), 10)
+    first = DataLoader(NoStrictLoader, samples, 4)
+    _take(first, 4)
+    resumed = DataLoader(NoStrictLoader, samples, 4)
+    resumed.load_state_dict(first.state_dict(), strict=False)
+    assert all(torch.equal(a, b) for a, b in zip(_take(resumed, 6), expected[4:]))
+
+
 @pytest.mark.parametrize("stop", [6, 7, 8])
 def test_several_workers_per_system_resume_deterministically(stop, tmp_path):
     cstorch.backend("CSX", artifact_dir=str(tmp_path),

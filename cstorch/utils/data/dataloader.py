@@ -1,4 +1,6 @@
 """`cstorch.utils.data.DataLoader`, and the protocol that makes a dataloader restartable."""
+import inspect
+import itertools
 import warnings
 from typing import Any, Protocol, runtime_checkable
 from collections.abc import Callable
@@ -60,6 +62,21 @@ def _concat(batches: list):
     return pytree.tree_unflatten(out, spec)
 
 
+_ids = itertools.count()
+
+
+def _with_strict(method, state, strict):
+    """`method(state, strict=strict)`, or `method(state)` where the dataloader's method
+    takes no `strict` (Model Zoo's HDF5 iterable data processors define theirs so)."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):   # a builtin without a signature: the protocol's call
+        return method(state, strict=strict)
+    if "strict" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return method(state, strict=strict)
+    return method(state)
+
+
 class DataLoader:
     """A dataloader that each streaming worker builds for itself.
 
@@ -82,6 +99,9 @@ class DataLoader:
         self.input_fn = input_fn
         self.input_args = args
         self.input_kwargs = kwargs
+        # Tells dataloaders of a process apart (Model Zoo's trainer keys each validation
+        # dataloader's schedule and metrics by it).
+        self.id = next(_ids)
         self._workers: list[Worker] | None = None
         self._layout: Layout | None = None
         self._pending_state = None
@@ -227,8 +247,8 @@ class DataLoader:
             position = aggregated.pop(ROUND_ROBIN_KEY, None)
             for w in workers:
                 with w.active():
-                    w.loader.load_state_dict(
-                        w.loader.deaggregate_state_dict(aggregated, strict=strict), strict=strict)
+                    state = _with_strict(w.loader.deaggregate_state_dict, aggregated, strict)
+                    _with_strict(w.loader.load_state_dict, state, strict)
                 w.reset_pass()
             per = self._layout.num_workers_per_csx
             self._next_local = 0
