@@ -53,6 +53,27 @@ def _apply(fn, a, b, **kwargs):
     return out.astype(jnp.float32)
 
 
+HALF = (jnp.bfloat16, jnp.float16)
+
+
+def is_half(*arrays) -> bool:
+    return all(x.dtype in HALF for x in arrays)
+
+
+def dot_float32(a, b):
+    """The product of half-precision `a` and `b`, accumulated in float32 and left there
+    unrounded: for lowerings that add a bias before their one rounding to the half dtype,
+    as PyTorch's half-precision GEMM and convolution do (rounding the product first and the
+    sum again differs from them in the last bit of about a quarter of the elements)."""
+    return jnp.matmul(a, b, precision=_HIGHEST, preferred_element_type=jnp.float32)
+
+
+def conv_float32(x, w, **kwargs):
+    """`conv_general_dilated` of half-precision operands, as `dot_float32`."""
+    return jax.lax.conv_general_dilated(x, w, precision=_HIGHEST,
+                                        preferred_element_type=jnp.float32, **kwargs)
+
+
 def dot(a, b):
     """`jnp.matmul(a, b)` under the current policy."""
     return _apply(jnp.matmul, a, b)

@@ -133,13 +133,22 @@ def compiler_options(mesh) -> dict:
     """XLA options for a step compiled for `mesh`'s devices.
 
     On a GPU, XLA's Triton matmul fusions are turned off: autotuning them took almost all
-    of a first step, for steps no faster than with cuBLAS alone (docs/benchmarks.md). A
-    user who names the option in XLA_FLAGS keeps their own."""
+    of a first step, for steps no faster than with cuBLAS alone (docs/benchmarks.md).
+
+    Everywhere, XLA's excess precision is off: with it, XLA drops a rounding to bfloat16 or
+    float16 followed by a widening back (a half-precision op's output fed to one computing
+    in float32, as a LayerNorm after a linear layer under autocast), so the consumer sees
+    the unrounded value and a third of its outputs differ from eager PyTorch's in the last
+    bit; and a precision policy's rounding of products would not happen. A user who names
+    either option in XLA_FLAGS keeps their own."""
     platform = mesh.devices.flat[0].platform
-    if platform in ("gpu", "cuda", "rocm") and \
-            "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
-        return {"xla_gpu_enable_triton_gemm": False}
-    return {}
+    flags = os.environ.get("XLA_FLAGS", "")
+    options = {}
+    if "xla_allow_excess_precision" not in flags:
+        options["xla_allow_excess_precision"] = False
+    if platform in ("gpu", "cuda", "rocm") and "xla_gpu_enable_triton_gemm" not in flags:
+        options["xla_gpu_enable_triton_gemm"] = False
+    return options
 
 
 def write_artifacts(traced, lowered, executable, artifact_dir: str, name: str):

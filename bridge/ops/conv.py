@@ -10,6 +10,10 @@ aten = torch.ops.aten
 
 
 def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    # half precision with a bias: PyTorch's convolutions add the bias to the float32
+    # accumulator and round once; its transposed convolutions round the product, then add
+    half = bias is not None and precision.is_half(x, w) and not transposed
+    conv = precision.conv_float32 if half else precision.conv
     nd = x.ndim - 2
     spatial = "DHW"[-nd:] if nd <= 3 else None
     dims = jax.lax.conv_dimension_numbers(
@@ -18,7 +22,7 @@ def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, gro
     stride, padding, dilation = (list(v) * nd if len(v) == 1 else list(v)
                                  for v in (stride, padding, dilation))
     if not transposed:
-        out = precision.conv(
+        out = conv(
             x, w, window_strides=stride, padding=[(p, p) for p in padding],
             rhs_dilation=dilation, dimension_numbers=dims, feature_group_count=groups)
     else:
@@ -37,13 +41,13 @@ def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, gro
         k = w.shape[2:]
         pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
                 for kk, p, d, op in zip(k, padding, dilation, output_padding)]
-        out = precision.conv(
+        out = conv(
             x, jnp.flip(w, tuple(range(2, 2 + nd))), window_strides=[1] * nd, padding=pads,
             lhs_dilation=stride, rhs_dilation=dilation, dimension_numbers=dims,
             feature_group_count=groups)
     if bias is not None:
         out = out + bias.reshape((1, -1) + (1,) * nd)
-    return out
+    return out.astype(x.dtype) if half else out
 
 
 @lowering(aten.convolution.default)

@@ -19,12 +19,14 @@ def mm(a, b):
 
 @lowering(aten.addmm.default, aten.baddbmm.default)
 def addmm(bias, a, b, beta=1, alpha=1):
-    out = _matmul(a, b)
+    # half precision: the bias joins the float32 accumulator, one rounding, as in PyTorch
+    half = precision.is_half(a, b)
+    out = precision.dot_float32(a, b) if half else _matmul(a, b)
     if alpha != 1:
         out = out * alpha
-    if beta == 0:
-        return out
-    return out + (bias if beta == 1 else beta * bias)
+    if beta != 0:
+        out = out + (bias if beta == 1 else beta * bias)
+    return out.astype(a.dtype) if half else out
 
 
 @lowering(aten.addbmm.default)

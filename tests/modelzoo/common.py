@@ -84,17 +84,19 @@ def _stand_ins_for_missing_modules():
             del sys.modules[name]
 
 
-def _import_modelzoo():
+def import_modelzoo(module):
+    """A Model Zoo module, imported with stand-ins for the absent packages it reaches."""
     if MODELZOO_SRC not in sys.path:
         sys.path.insert(0, MODELZOO_SRC)
+    if module in sys.modules:
+        return sys.modules[module]
     with _stand_ins_for_missing_modules(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pydantic and deprecation chatter of Model Zoo
-        gpt2 = importlib.import_module("cerebras.modelzoo.models.nlp.gpt2.model")
-        llama = importlib.import_module("cerebras.modelzoo.models.nlp.llama.model")
-    return gpt2, llama
+        return importlib.import_module(module)
 
 
-_gpt2, _llama = _import_modelzoo()
+_gpt2 = import_modelzoo("cerebras.modelzoo.models.nlp.gpt2.model")
+_llama = import_modelzoo("cerebras.modelzoo.models.nlp.llama.model")
 Gpt2Model, GPT2ModelConfig = _gpt2.Gpt2Model, _gpt2.GPT2ModelConfig
 LlamaModel, LlamaModelConfig = _llama.LlamaModel, _llama.LlamaModelConfig
 
