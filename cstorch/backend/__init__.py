@@ -149,10 +149,13 @@ class Backend(metaclass=BackendMeta):
                 values["dist_backend"], values["init_method"], values["main_process_id"])
         self._artifact_dir = values["artifact_dir"] or os.path.join(os.getcwd(), "cerebras_logs")
         self.max_checkpoints = mc
+        # The directory steps are kept in for later processes: only one the user names on a
+        # CSX backend (the reference's default, /opt/cerebras/cached_compile, is a cluster
+        # path). XLA's cache directory is process-wide; this is the backend's own.
+        self.compile_dir = None
         if self.backend_type == "CSX" and "compile_dir" in params:
-            # The reference's default (/opt/cerebras/cached_compile) is a cluster path:
-            # only a directory the user names becomes the persistent cache.
-            wafer.use_compile_dir(values["compile_dir"])
+            self.compile_dir = values["compile_dir"]
+            wafer.use_compile_dir(self.compile_dir)
 
         if self.backend_type != "GPU":
             # XLA may run the steps on the host, their buffers from malloc. Set before

@@ -183,14 +183,32 @@ def stable(value):
     if isinstance(value, types.BuiltinFunctionType):
         return ("builtin", getattr(value, "__module__", None), value.__qualname__)
     if isinstance(value, types.FunctionType):
-        cells = [c.cell_contents for c in (value.__closure__ or ())]
-        return ("function", stable(value.__code__), [stable(c) for c in cells])
+        if id(value) in _functions_open:   # a recursive closure: named by its code only
+            return ("function", stable(value.__code__))
+        _functions_open.add(id(value))
+        try:
+            cells = [_cell_value(c) for c in (value.__closure__ or ())]
+            return ("function", stable(value.__code__), [stable(c) for c in cells])
+        finally:
+            _functions_open.discard(id(value))
     if isinstance(value, pytree.TreeSpec):
         return ("treespec", str(value))
     if isinstance(value, torch.Size):
         return ("size", list(value))
     raise Unstorable(f"a value of type {type(value).__name__} in the program's key is compared "
                      f"by identity")
+
+
+# The functions `stable` is describing, outermost first: a closure that holds itself (a
+# recursive inner function) would otherwise be described without end.
+_functions_open: set = set()
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:   # a cell not yet filled
+        return ("empty cell",)
 
 
 def _name_of(cls) -> str:
@@ -387,11 +405,19 @@ def capture_or_load(steps, backend, call, program_key, capture):
     """(program, whether it was taken from `compile_dir`): the stored program for this
     call, or `capture()`'s, stored for the next process where it can be. `steps` is the
     step's `ProgramCache` (its step function, name and key)."""
-    directory = wafer.compile_dir()
+    # The backend's own compile_dir: XLA's cache directory, once set, stays set for the
+    # process, also for later backends that named none.
+    directory = backend.compile_dir
     name = steps.name
     if directory is None or backend.retrace_every_iteration:
         return capture(), False
     state = backend.state
+    params = (e.tensor for e in state.entries if e.tensor.requires_grad)
+    if hooks.Hooks((m for _, m in state.named_modules()), params, backend.optimizers).tables:
+        # Only steps that run no hooks are stored: one stored before a hook was registered
+        # would run without it.
+        log.debug("cstorch: %s is not looked up in compile_dir: the run has hooks", name)
+        return capture(), False
     try:
         digest = key(steps.step_fn, backend, program_key,
                      python_values_of(steps.step_fn, state.named_modules()))

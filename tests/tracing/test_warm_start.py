@@ -12,6 +12,8 @@ import sys
 import pytest
 import torch
 
+import cerebras.pytorch as cstorch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MODEL = '''
@@ -215,3 +217,64 @@ def test_the_same_step_code_over_another_model_is_not_taken_for_it(tmp_path):
         cstorch.backends.csx.precision.optimization_level = level
     assert [s.captures for s in steps] == [1, 1] and [s.warm_starts for s in steps] == [0, 0]
     _close(losses, [torch.nn.functional.cross_entropy(r(x), y).item() for r in refs])
+
+
+def test_a_recursive_closure_in_the_key_is_described_once():
+    """A watched function that closes over itself (a recursive inner function) has a
+    stable description, equal for an equal function, instead of recursing without end."""
+    from cstorch.tracing import warm
+
+    def make(depth):
+        def walk(n):
+            return n if n <= 0 else walk(n - depth)
+        return walk
+
+    assert warm.stable(make(1)) == warm.stable(make(1))
+    assert warm.stable(make(1)) != warm.stable(make(2))
+
+
+def test_only_the_backend_that_named_compile_dir_stores_steps(tmp_path):
+    """XLA's cache directory stays set for the process once a backend named one; a later
+    backend that named none neither stores nor takes stored steps."""
+    cstorch.backend("CSX", compile_dir=str(tmp_path / "cache"))
+    assert cstorch.backend().compile_dir == str(tmp_path / "cache")
+    cstorch.backend("CPU")
+    assert cstorch.backend().compile_dir is None
+    model = torch.nn.Linear(3, 2)
+    compiled = cstorch.compile(model)
+
+    @cstorch.trace
+    def step(x):
+        return compiled(x).sum()
+
+    step(torch.ones(4, 3))
+    assert step.captures == 1
+    assert not glob.glob(str(tmp_path / "cache" / "cstorch-steps" / "*"))
+
+
+def test_a_run_with_hooks_does_not_take_a_stored_program(tmp_path):
+    """A step stored while no hook was registered is not taken once the run has one (a
+    new step object stands for a new process): it would run without the hook."""
+    cstorch.backend("CSX", compile_dir=str(tmp_path / "compile_dir"))
+    level = cstorch.backends.csx.precision.optimization_level
+    cstorch.backends.csx.precision.optimization_level = 0
+    try:
+        torch.manual_seed(0)
+        net = torch.nn.Linear(8, 3)
+        compiled = cstorch.compile(net)
+
+        def forward(x):
+            return compiled(x).sum()
+
+        x = torch.randn(4, 8)
+        first = cstorch.trace(forward)
+        plain = float(first(x))
+        assert first.captures == 1 and _entries(tmp_path)
+        handle = net.register_forward_hook(lambda m, args, out: out * 2)
+        second = cstorch.trace(forward)
+        hooked = float(second(x))
+        handle.remove()
+    finally:
+        cstorch.backends.csx.precision.optimization_level = level
+    assert second.captures == 1 and second.warm_starts == 0
+    assert abs(hooked - 2 * plain) <= 1e-5 * abs(plain)
