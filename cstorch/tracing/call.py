@@ -23,6 +23,7 @@ from cstorch.utils.data.executor import (defer_checkpoint_closure, defer_step_cl
                                          is_checkpoint_step, note_step_output,
                                          runs_step_closures)
 
+
 class StepData(NamedTuple):
     """Everything a compiled step takes, in the order it takes it: the state arrays (in
     the run's cell order), the pending gradients it reads, the float hyperparameters (then

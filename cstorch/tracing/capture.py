@@ -191,8 +191,15 @@ def _trace(step_fn, backend, call, layout, outcome, micro):
         shapes = micro.capture_shapes(shapes, len(shapes) - len(layout.tensors))
     requires_grad = state.grad_flags() + [False] * (len(shapes) - len(layout.cells))
     # Identical layers are marked for the lowering to loop over (bridge.scan_blocks).
-    runs = repeated_blocks.find_runs(state.named_modules()) \
-        if csx.performance.scan_blocks and micro is None else []
+    runs = []
+    if csx.performance.scan_blocks:
+        unlooped = ("a micro-batched step" if micro is not None else
+                    "debug.check_finite is on" if csx.debug.check_finite else None)
+        if unlooped is None:
+            runs = repeated_blocks.find_runs(state.named_modules())
+        else:
+            warnings.warn(f"cstorch.backends.csx.performance.scan_blocks has no effect here: "
+                          f"{unlooped}, whose layers are compiled one by one", stacklevel=2)
     on_host = {id(opt) for opt in backend.optimizers if not opt.on_device}
     hook = register_optimizer_step_pre_hook(refuse_optimizers(on_host))
     try:

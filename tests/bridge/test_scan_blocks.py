@@ -201,3 +201,29 @@ def test_flag_is_checked_and_part_of_the_program_key():
     old = (None,) * 10 + (True,)
     new = (None,) * 10 + (False,)
     assert describe_key_change(old, new) == ["scan_blocks: True -> False"]
+
+
+def test_the_flag_warns_where_it_cannot_loop():
+    """Under debug.check_finite the layers are compiled one by one: the flag says so
+    instead of doing nothing silently; the step still trains as it would without it."""
+    csx = cstorch.backends.csx
+    before = (csx.performance.scan_blocks, csx.debug.check_finite)
+    csx.performance.scan_blocks, csx.debug.check_finite = True, True
+    try:
+        cstorch.backend("CPU")
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        reference = copy.deepcopy(model)
+        compiled = cstorch.compile(model)
+
+        @cstorch.trace
+        def step(x):
+            return compiled(x).sum()
+
+        x = torch.randn(3, 4)
+        with pytest.warns(UserWarning, match="scan_blocks has no effect here: "
+                                             "debug.check_finite is on"):
+            got = float(step(x))
+    finally:
+        csx.performance.scan_blocks, csx.debug.check_finite = before
+    assert rel_err(got, float(reference(x).sum())) < 1e-5
