@@ -13,6 +13,8 @@ schedulers alike. A tensor found at an entry that is not one of the run's device
 (a new `nn.Parameter` assigned to a module, a state tensor loaded by `load_state_dict`)
 is adopted: uploaded into a cell and replaced by a device tensor of it.
 """
+import dataclasses
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +29,7 @@ from bridge.device_tensor import Absent, Cell, DeviceTensor, requires_grad_write
 from cstorch.errors import StepRefusedError
 from cstorch.metrics.metric import state_prefix
 from cstorch.run.capture_context import is_capturing
+from cstorch.weak_registry import WeakRegistry
 
 _DROPPED = {
     "compile_only": "the backend is compile_only: no step is executed, so no value is computed",
@@ -44,6 +47,9 @@ class Entry:
     key: object
     tensor: torch.Tensor
     cell: int = -1    # index into RunState.cells
+    # A weak reference to the model, optimizer, metric or holder the entry belongs to:
+    # once that is gone, so is the entry (`RunState.drop_dead`).
+    owner: object = None
 
     def get(self):
         return self.table[self.key]
@@ -107,11 +113,12 @@ class RunState:
         self.version = 0
         self.complete_at = -1   # the version at which every cell was known to have a value
         self.index: dict[int, int] = {}  # id(cell) -> its position in `cells`
-        self._submodules: list = []
-        self._named_submodules: list = []   # (qualified name, module), each module once
+        # Weak references: the state must not keep a model the user dropped alive.
+        self._submodules: list = []         # every submodule, for its train/eval flag
+        self._named_submodules: list = []   # (qualified name, submodule), each once
         # Metrics a traced step used that no compiled module holds: state as metrics.<name>.
-        self.metrics: list = []
-        self.holders: list = []   # (prefix, module) of state outside models and metrics
+        self.metrics = WeakRegistry(self._owner_dropped)
+        self._holders: list = []   # (prefix, weak ref) of state outside models and metrics
         self._watched: list[Entry] = []
         self._flags = (None, ())
         self.arrays_list: list = []
@@ -121,6 +128,11 @@ class RunState:
         self._replaced = {}
         self._initial = False
         self._progress = None
+        # Dropping what an owner held waits while the state is in use (a step being
+        # captured or run, a refresh): `in_use`.
+        self.in_use = _InUse(self)
+        self._owner_died = False
+        self._caches: list = []   # weak references to the program caches of traced steps
 
     # registration ------------------------------------------------------------------
     def refresh(self, initial: bool = False, progress=None):
@@ -129,6 +141,10 @@ class RunState:
         `initial`: what is adopted is a model's or optimizer's initial state, which a
         drop_data backend drops (a loaded checkpoint, adopted later, is kept). `progress`
         (a tqdm bar) advances once per tensor adopted."""
+        with self.in_use:
+            self._refresh(initial, progress)
+
+    def _refresh(self, initial, progress):
         self.dirty = False
         self._initial = initial
         self._progress = progress
@@ -136,22 +152,23 @@ class RunState:
         index: dict[int, int] = {}
         cells, names, entries = [], [], []
 
-        def add(name, table, key, tensor):
+        def add(name, table, key, tensor, owner):
             tensor = self._adopt(table, key, tensor)
             i = index.get(id(tensor.cell))
             if i is None:
                 i = index[id(tensor.cell)] = len(cells)
                 cells.append(tensor.cell)
                 names.append(name)
-            entries.append(Entry(name, table, key, tensor, i))
+            entries.append(Entry(name, table, key, tensor, i, owner))
 
         submodules, named, seen = [], [], set()
         for prefix, module in self._modules():
+            owner = weakref.ref(module)
             for mod_name, sub in module.named_modules(remove_duplicate=False):
-                submodules.append(sub)
+                submodules.append(weakref.ref(sub))
                 if id(sub) not in seen:
                     seen.add(id(sub))
-                    named.append((f"{prefix}.{mod_name}" if mod_name else prefix, sub))
+                    named.append((f"{prefix}.{mod_name}" if mod_name else prefix, weakref.ref(sub)))
                 for kind in ("_parameters", "_buffers", "_modules"):
                     if not isinstance(sub.__dict__[kind], TrackedTable):
                         sub.__dict__[kind] = TrackedTable(sub.__dict__[kind], self, kind)
@@ -159,19 +176,32 @@ class RunState:
                     table = sub.__dict__[kind]
                     for key, tensor in list(dict.items(table)):
                         if tensor is not None:
-                            add(".".join(p for p in (prefix, mod_name, key) if p), table, key, tensor)
+                            add(".".join(p for p in (prefix, mod_name, key) if p), table, key,
+                                tensor, owner)
         replaced = {k: v for k, (_, v) in self._replaced.items()}
         for opt in self.backend.optimizers:
+            owner = weakref.ref(opt)
             for name, table, key, tensor in opt.state_entries(replaced):
-                add(name, table, key, tensor)
+                add(name, table, key, tensor, owner)
         if self.backend.distributed:
             _take_main_process_values([device.cell for _, device in self._replaced.values()],
                                       self.backend.process_group.is_main)
         self._replaced = {}
         self._progress = None
+        self._submodules = submodules
+        self._named_submodules = named
+        self._install(cells, names, entries, index)
+
+    def _install(self, cells, names, entries, index):
+        """Make `cells`, named `names`, and `entries` the run's state."""
         changed = [id(c) for c in cells] != [id(c) for c in self.cells] or \
             [(e.cell, id(e.table), e.key) for e in entries] != \
             [(e.cell, id(e.table), e.key) for e in self.entries]
+        # A cell leaving the run (its tensor replaced, its model dropped) keeps its own
+        # value, not the run's old list of every value.
+        for c in self.cells:
+            if id(c) not in index:
+                c.store, c.index = [c.array], 0
         self.cells, self.names, self.entries = cells, names, entries
         # One list holds every cell's value: a step's results replace it in one assignment.
         self.arrays_list = [c.array for c in cells]
@@ -180,49 +210,97 @@ class RunState:
         # Module tables report their own writes; other entries are checked before each step.
         self._watched = [e for e in entries if not isinstance(e.table, TrackedTable)]
         self.index = index
-        self._submodules = submodules
-        self._named_submodules = named
         if changed:
             self.version += 1
 
+    # models the user dropped -----------------------------------------------------------
+    def _owner_dropped(self):
+        """A model, optimizer, metric or holder was collected: its state goes now, or
+        when the state is no longer in use. Called from the garbage collector."""
+        self._owner_died = True
+        if not self.in_use.depth:
+            self.drop_dead()
+
+    def drop_dead(self):
+        """Forget the entries of every owner that no longer exists, and the cells only
+        they held, so that their arrays are freed. Programs captured for the old layout
+        can never run again (the layout is part of their key): the traced steps' caches
+        drop them, with the gradients and values they keep."""
+        self._owner_died = False
+        entries = [e for e in self.entries if e.owner is None or e.owner() is not None]
+        self._submodules = [r for r in self._submodules if r() is not None]
+        self._named_submodules = [(n, r) for n, r in self._named_submodules if r() is not None]
+        self._holders = [(p, r) for p, r in self._holders if r() is not None]
+        if len(entries) == len(self.entries):
+            return
+        index: dict[int, int] = {}
+        cells, names, kept = [], [], []
+        for e in entries:
+            cell = self.cells[e.cell]
+            i = index.get(id(cell))
+            if i is None:
+                i = index[id(cell)] = len(cells)
+                cells.append(cell)
+                names.append(e.name)
+            kept.append(dataclasses.replace(e, cell=i))
+        self._install(cells, names, kept, index)
+        self.grads_from = None
+        for ref in self._caches:
+            cache = ref()
+            if cache is not None:
+                cache.drop_layouts_before(self.version)
+        self._caches = [r for r in self._caches if r() is not None]
+
+    def note_cache(self, cache):
+        """Tell the state of a traced step's program cache, whose programs for an old
+        layout it drops when an owner's state goes (`drop_dead`)."""
+        if not any(r() is cache for r in self._caches):
+            self._caches.append(weakref.ref(cache))
+
     def modules(self):
         """Every submodule of the compiled modules (their train/eval flags key programs)."""
-        return self._submodules
+        return [m for r in self._submodules if (m := r()) is not None]
 
     def named_modules(self):
         """(qualified name, module) of every submodule of the compiled modules, each once."""
-        return self._named_submodules
+        return [(n, m) for n, r in self._named_submodules if (m := r()) is not None]
+
+    @property
+    def holders(self) -> list:
+        """(prefix, module) of the state outside models and metrics (a grad scaler's)."""
+        return [(p, m) for p, r in self._holders if (m := r()) is not None]
 
     def _modules(self):
-        mods = self.backend.modules
-        named = [("model" if i == 0 else f"model{i}", m) for i, m in enumerate(mods)]
-        return named + self._metric_modules(mods) + self.holders
+        named = [("model" if i == 0 else f"model{i}", m) for i, m in self.backend.modules.items()]
+        return named + self._metric_modules() + self.holders
 
     def add_holder(self, prefix: str, module: torch.nn.Module) -> str:
         """Make the buffers of `module`, which belongs to no model (a grad scaler's
         scale), state of the run, named ``<prefix>.<buffer>`` (a suffix tells equal
-        prefixes apart). Returns the prefix used."""
+        prefixes apart). The state holds `module` weakly: its owner keeps it. Returns the
+        prefix used."""
         used = {p for p, _ in self.holders}
         name, k = prefix, 1
         while name in used:
             name, k = f"{prefix}{k}", k + 1
-        self.holders.append((name, module))
+        self._holders.append((name, weakref.ref(module, lambda _: self._owner_dropped())))
         self.refresh(initial=True)
         return name
 
     def add_metric(self, metric):
         """Make a `cstorch.metrics.Metric` that no compiled module holds state of the run,
         its accumulators named ``metrics.<name>.<accumulator>``, from the next step on."""
-        if not any(m is metric for m in self.metrics):
+        if metric not in self.metrics:
             self.metrics.append(metric)
             self.dirty = True
 
-    def _metric_modules(self, compiled):
+    def _metric_modules(self):
         """(prefix, metric) of the registered metrics; one that a compiled module came to
         hold is state of that module instead. Equal names are told apart by a suffix."""
-        held = {id(sub) for m in compiled for sub in m.modules()} if self.metrics else ()
+        metrics = list(self.metrics)
+        held = {id(sub) for m in self.backend.modules for sub in m.modules()} if metrics else ()
         named, used = [], set()
-        for metric in self.metrics:
+        for metric in metrics:
             if id(metric) in held:
                 continue
             prefix = base = state_prefix(metric.name)
@@ -331,6 +409,24 @@ class RunState:
             if e.tensor.requires_grad:
                 flags[e.cell] = True
         return flags
+
+
+class _InUse:
+    """`with state.in_use:` around whatever relies on the state's layout staying as it
+    is (a step's capture and call, a refresh): an owner dropped meanwhile has its state
+    dropped at the end."""
+    __slots__ = ("state", "depth")
+
+    def __init__(self, state):
+        self.state, self.depth = state, 0
+
+    def __enter__(self):
+        self.depth += 1
+
+    def __exit__(self, *exc):
+        self.depth -= 1
+        if not self.depth and self.state._owner_died:
+            self.state.drop_dead()
 
 
 def _take_main_process_values(cells, is_main: bool):

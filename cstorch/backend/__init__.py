@@ -29,6 +29,7 @@ from cstorch.run import current
 from cstorch.run.capture_context import is_capturing
 from cstorch.run.current import current_backend_impl
 from cstorch.state import RunState
+from cstorch.weak_registry import WeakRegistry
 
 # Before the user's code starts threads: a thread that allocates before glibc is held to one
 # arena keeps one of its own, and XLA's threads may later be handed it (wafer.host_memory).
@@ -177,8 +178,10 @@ class Backend(metaclass=BackendMeta):
         # `with backend.device:` builds a model; on CSX with lazy_initialization its
         # tensors are created on the devices by cstorch.compile (cstorch/lazy_init/).
         self._device = Device(self)
-        self.modules: list[torch.nn.Module] = []    # compiled modules, in compile order
-        self.optimizers: list = []                  # cstorch optimizers, in creation order
+        # Compiled modules in compile order and cstorch optimizers in creation order, held
+        # weakly: a model the user drops has its state dropped (`RunState.drop_dead`).
+        self.modules = WeakRegistry(self.state._owner_dropped)
+        self.optimizers = WeakRegistry(self.state._owner_dropped)
         self.step_count = 0  # steps run by this backend, for per-step PRNG keys
 
     def _devices(self):

@@ -7,6 +7,7 @@ and its schedules' counters are state of the run (`cstorch.state`): device tenso
 every read and write reaches.
 """
 import contextlib
+import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict, defaultdict
 
@@ -43,9 +44,8 @@ class Optimizer(torch.optim.Optimizer, ABC):
             self.preinitialize()
         self._add_global_steps()
         self._backend = current_or_cpu_backend()
-        self._backend.optimizers.append(self)
-        self._prefix = ("optimizer" if len(self._backend.optimizers) == 1
-                        else f"optimizer{len(self._backend.optimizers) - 1}")
+        position = self._backend.optimizers.append(self)
+        self._prefix = "optimizer" if position == 0 else f"optimizer{position}"
         self._backend.state.refresh(initial=True)
 
     def _add_global_steps(self):
@@ -215,8 +215,9 @@ class Optimizer(torch.optim.Optimizer, ABC):
 
 def hyperparameters(optimizers):
     """(where, group, key, tuple index, value) of every float hyperparameter of
-    `optimizers`, in order; `where` is (optimizer index, group index)."""
-    for o, opt in enumerate(optimizers):
+    `optimizers` (a backend's `WeakRegistry`), in order; `where` is (optimizer position,
+    group index), positions staying as they were when an optimizer is dropped."""
+    for o, opt in optimizers.items():
         for g, group, key, index, value in opt.hyperparameters():
             yield (o, g), group, key, index, value
 
@@ -266,10 +267,12 @@ class _Notifying(dict):
 
     def __init__(self, optimizer):
         super().__init__()
-        self.optimizer = optimizer
+        # Weakly: the run's state holds this table, and must not keep the optimizer alive.
+        self.optimizer = weakref.ref(optimizer)
 
     def __setitem__(self, key, value):
         super().__setitem__(key, value)
-        backend = self.optimizer.__dict__.get("_backend")
+        optimizer = self.optimizer()
+        backend = optimizer.__dict__.get("_backend") if optimizer is not None else None
         if backend is not None:
             backend.state.dirty = True

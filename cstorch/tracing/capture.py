@@ -76,10 +76,10 @@ def _register(backend, module, name):
         # Metrics are meant to be called in steps without being compiled.
         backend.state.add_metric(module)
     else:
+        position = backend.modules.append(module)
         inform(f"{type(module).__name__} used in {name} was not passed to "
                f"cstorch.compile; its parameters and buffers are now state of the run as "
-               f"model{len(backend.modules)}")
-        backend.modules.append(module)
+               f"model{position or ''}")
     backend.state.refresh()
 
 

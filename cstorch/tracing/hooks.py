@@ -11,6 +11,8 @@ Every hook PyTorch registers gets a handle id from one counter that only grows
 when their number or the sum of their ids has. A call compares the counter, and the number
 of hooks in the tables that held any, and looks closer only when either moved.
 """
+import weakref
+
 import torch
 import torch.nn.modules.module as module_hooks
 import torch.optim.optimizer as optimizer_hooks
@@ -50,26 +52,35 @@ class Hooks:
     program was captured."""
 
     def __init__(self, modules, params, optimizers):
-        self.modules, self.params, self.optimizers = list(modules), list(params), list(optimizers)
+        # Weakly: a program kept by a traced step must not keep a dropped model alive.
+        self._modules = [weakref.ref(m) for m in modules]
+        self._params = [weakref.ref(p) for p in params]
+        self._optimizers = [weakref.ref(o) for o in optimizers]
         self._look(self._tables())
         self.fingerprint = _fingerprint(self.tables)
 
     def _look(self, tables):
         # A new hook takes a new id, so only tables that hold hooks can change unseen: by a
         # removal.
-        self.tables = [t for t in tables if any(not _own(h) for h in t.values())]
+        # Held weakly where the table allows it: a hook may be a method of its module.
+        self._held = [_ref(t) for t in tables if any(not _own(h) for h in t.values())]
         self.seen, self.count = RemovableHandle.next_id, sum(map(len, self.tables))
+
+    @property
+    def tables(self) -> list:
+        """The tables that held hooks at the last look."""
+        return _live(self._held)
 
     def _tables(self) -> list:
         tables = [getattr(module_hooks, f"_global{name}") for name in _MODULE_TABLES]
         tables += [optimizer_hooks._global_optimizer_pre_hooks,
                    optimizer_hooks._global_optimizer_post_hooks]
-        tables += [m.__dict__[name] for m in self.modules for name in _MODULE_TABLES
+        tables += [m.__dict__[name] for m in _live(self._modules) for name in _MODULE_TABLES
                    if name in m.__dict__]
-        tables += [o.__dict__[name] for o in self.optimizers for name in _OPTIMIZER_TABLES
+        tables += [o.__dict__[name] for o in _live(self._optimizers) for name in _OPTIMIZER_TABLES
                    if name in o.__dict__]
         # A tensor's table exists from its first hook on: look again at every closer look.
-        tables += [d for p in self.params for name in _TENSOR_TABLES
+        tables += [d for p in _live(self._params) for name in _TENSOR_TABLES
                    if (d := getattr(p, name, None)) is not None]
         return tables
 
@@ -83,6 +94,18 @@ class Hooks:
             return True
         self._look(tables)   # hooks came and went elsewhere, or a device tensor hooked itself
         return False
+
+
+def _ref(table):
+    """A weak reference to `table`, or a function returning it where it takes none."""
+    try:
+        return weakref.ref(table)
+    except TypeError:   # a plain dict: held
+        return lambda: table
+
+
+def _live(refs) -> list:
+    return [obj for r in refs if (obj := r()) is not None]
 
 
 def _fingerprint(tables) -> tuple:

@@ -131,6 +131,7 @@ class ProgramCache:
         program, stored = warm.capture_or_load(
             self, backend, call, key,
             lambda: capture_program(self.step_fn, backend, call, self.name))
+        state.note_cache(self)
         if stored:
             self.warm_starts += 1
         else:
@@ -150,6 +151,16 @@ class ProgramCache:
             self.programs.setdefault(key, []).append(program)
         self._last = (key, self.programs[key])
         return program, values
+
+    def drop_layouts_before(self, version: int):
+        """Forget the programs captured for a state layout older than `version`: the
+        layout is part of their key, so none of them can run again, and they would keep
+        what they hold (the gradients they left, the module attributes they watch) of a
+        model the user dropped."""
+        # A key's second item is the layout's version (`key`).
+        self.programs = {k: v for k, v in self.programs.items() if k[1] >= version}
+        if self._last is not None and self._last[0][1] < version:
+            self._last = None
 
     def _value_recapture(self, moved, program):
         """A Python value or the modules' hooks changed since `old` was captured. If the

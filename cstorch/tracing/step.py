@@ -67,19 +67,22 @@ class TracedStep:
             return self.step_fn(*args, **kwargs)
         backend = current_or_cpu_backend()
         state = backend.state
-        state.sync()
-        call = split_call(args, kwargs)
-        program, values = self.cache.program(backend, call)
-        if not backend.executes:
-            return calling.not_executed(program, backend)
-        if backend.drops_data == "drop_data" and state.complete_at != state.version:
-            calling.check_values(state)
-        index_check.raise_pending(wait=False)
-        if not self._warned_input_grad and any([t.requires_grad for t in call.tensors]):
-            self._warned_input_grad = True
-            calling.warn_input_grad(self.name, call.tensors)
-        data = calling.step_data(program, values, backend, call, self._device_inputs)
-        return calling.run(program, data, backend, self.name)
+        # The layout must stay as it is from the capture to the results' return: the
+        # state of a model collected meanwhile is dropped after.
+        with state.in_use:
+            state.sync()
+            call = split_call(args, kwargs)
+            program, values = self.cache.program(backend, call)
+            if not backend.executes:
+                return calling.not_executed(program, backend)
+            if backend.drops_data == "drop_data" and state.complete_at != state.version:
+                calling.check_values(state)
+            index_check.raise_pending(wait=False)
+            if not self._warned_input_grad and any([t.requires_grad for t in call.tensors]):
+                self._warned_input_grad = True
+                calling.warn_input_grad(self.name, call.tensors)
+            data = calling.step_data(program, values, backend, call, self._device_inputs)
+            return calling.run(program, data, backend, self.name)
 
     def to_jax(self, *args, **kwargs) -> JaxStep:
         """The pure JAX function of this step for these arguments, with the current state.
@@ -87,10 +90,11 @@ class TracedStep:
         Captures the step if it has not been captured for arguments like these; runs nothing.
         """
         backend = current_or_cpu_backend()
-        backend.state.sync()
-        call = split_call(args, kwargs)
-        program, values = self.cache.program(backend, call)
-        if program.jax_fn is None:   # taken from compile_dir, which keeps no JAX function
-            program = capture_program(self.step_fn, backend, call, self.name)
-            self.cache.captures += 1
-        return jax_step(program, values, backend, call)
+        with backend.state.in_use:
+            backend.state.sync()
+            call = split_call(args, kwargs)
+            program, values = self.cache.program(backend, call)
+            if program.jax_fn is None:   # taken from compile_dir, which keeps no JAX function
+                program = capture_program(self.step_fn, backend, call, self.name)
+                self.cache.captures += 1
+            return jax_step(program, values, backend, call)
