@@ -58,11 +58,12 @@ def _train(optimizer_name, kwargs, steps=4):
     for (name, ours), theirs in zip(model.state_dict().items(), reference.state_dict().values()):
         assert torch.allclose(ours, theirs, rtol=TOL, atol=1e-6), name
     program = next(iter(step.programs.values()))[0]
-    return backend, program
+    # The model is returned too: the state of a model no one holds is dropped.
+    return backend, program, model
 
 
 def test_a_large_parameter_read_by_the_backward_pass_is_not_donated_and_not_copied():
-    backend, program = _train("SGD", dict(lr=0.1, momentum=0.9))
+    backend, program, _model_kept = _train("SGD", dict(lr=0.1, momentum=0.9))
     names = list(backend.state.names)
     kept = [names[i] for i in program.compiled.kept]
     assert kept == ["model.2.weight"], kept
@@ -72,7 +73,7 @@ def test_a_large_parameter_read_by_the_backward_pass_is_not_donated_and_not_copi
 
 
 def test_adamw_trains_like_eager_with_a_kept_parameter():
-    backend, program = _train("AdamW", dict(lr=1e-2, weight_decay=0.1))
+    backend, program, _model_kept = _train("AdamW", dict(lr=1e-2, weight_decay=0.1))
     assert [backend.state.names[i] for i in program.compiled.kept] == ["model.2.weight"]
 
 
@@ -81,7 +82,7 @@ def test_every_array_is_donated_when_the_kept_ones_would_hold_too_much(monkeypat
     model), every state array is donated and training is unchanged."""
     import cstorch.tracing.capture as capture
     monkeypatch.setattr(capture, "KEEP_MAX_TOTAL_BYTES", 512 * 256 * 4 - 1)
-    _, program = _train("AdamW", dict(lr=1e-2, weight_decay=0.1))
+    _, program, _ = _train("AdamW", dict(lr=1e-2, weight_decay=0.1))
     assert program.compiled.kept == ()
 
 
@@ -119,7 +120,7 @@ def _copies_with_every_array_donated():
     keep = capture._kept_state
     capture._kept_state = lambda *a: ()
     try:
-        _, program = _train("SGD", dict(lr=0.1, momentum=0.9), steps=1)
+        _, program, _ = _train("SGD", dict(lr=0.1, momentum=0.9), steps=1)
     finally:
         capture._kept_state = keep
     hlo = program.compiled.executable.as_text()
