@@ -128,7 +128,8 @@ def _all_finite(value):
     return jnp.all(jnp.isfinite(value)) if jnp.issubdtype(value.dtype, jnp.inexact) else None
 
 
-def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = False) -> Lowered:
+def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = False,
+          remat_loops: bool = False) -> Lowered:
     """The JAX function of `gm`: ``fn(*flat_inputs, key=None) -> list of outputs``.
 
     `key` is the PRNG key random ops draw from, or a function that makes it (called only
@@ -144,6 +145,8 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
     that: an int32 array of shape (n, 2), the smallest and largest index each was given
     (`Lowered.index_checks` holds the n `bridge.index_checks.IndexCheck`s, in order, once
     the function has been traced; without such ops it stays empty and adds no output).
+    With `remat_loops`, the gradient loop of marked layers computes their forward ops
+    again instead of reading them stacked from the forward loop (`bridge.scan_blocks`).
     """
     check_lowerable(gm)
     constants = {}
@@ -166,7 +169,7 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
     # Layers marked at capture loop (bridge.scan_blocks), except under check_finite, which
     # flags every op's result; under check_indices, loops whose ops take no indices.
     loops = [] if check_finite else scan_blocks.plan(
-        gm, unsupported=set(INDEX_CHECKS) if check_indices else set())
+        gm, unsupported=set(INDEX_CHECKS) if check_indices else set(), remat=remat_loops)
     items = scan_blocks.order(gm, loops) if loops else nodes
     draw_numbers = scan_blocks.draw_numbers(gm) if loops else {}
 

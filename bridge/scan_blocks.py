@@ -61,6 +61,15 @@ class Loop:
     carry: list                # body positions carried to the next layer
     ys: list                   # body positions read outside the loop
     draws: dict = field(default_factory=dict)   # body position -> per-layer draw numbers
+    run: str = ""              # the run of layers it loops over
+    # Rematerialisation (`rematerialise`). A forward loop that `saves_inputs` keeps, per
+    # layer, only what its body reads (its stacked inputs, the carried value entering each
+    # layer); the gradient loop whose `forward` it is runs the forward body again, layer
+    # by layer, and takes the slots in `recompute` from it: slot -> ("at", forward body
+    # position) or ("in", forward carried position: the value entering the layer).
+    saves_inputs: bool = False
+    forward: "Loop | None" = None
+    recompute: dict = field(default_factory=dict)
 
     @property
     def nodes(self):
@@ -71,9 +80,10 @@ class _Refused(Exception):
     pass
 
 
-def plan(gm: fx.GraphModule, unsupported=frozenset()) -> list:
+def plan(gm: fx.GraphModule, unsupported=frozenset(), remat: bool = False) -> list:
     """The loops of `gm`'s marked layers, in no particular order; layers with an op in
-    `unsupported` (ops whose lowering the caller does more for) stay unrolled."""
+    `unsupported` (ops whose lowering the caller does more for) stay unrolled. With
+    `remat`, each run's gradient loop recomputes its forward ops (`rematerialise`)."""
     groups = _groups(gm)
     draw = draw_numbers(gm)
     loops = []
@@ -84,11 +94,93 @@ def plan(gm: fx.GraphModule, unsupported=frozenset()) -> list:
             if odd is not None:
                 raise _Refused(f"its op {odd.target} has its indices checked "
                                "(cstorch.backends.csx.debug.check_indices)")
-            loops.append(_loop(name, layers, backward, draw))
+            loop = _loop(name, layers, backward, draw)
+            loop.run = run
+            loops.append(loop)
             log.info("the %d layers of %s are one loop", len(layers), name)
         except _Refused as e:
             log.info("the layers of %s are compiled one by one: %s", name, e)
+    if remat:
+        rematerialise(loops)
     return loops
+
+
+def rematerialise(loops: list):
+    """Pair each run's forward loop with its gradient loop so that the forward keeps only
+    each layer's inputs and the gradient loop computes the layer's forward ops again
+    before its gradients: the activations the gradients read are then held for one layer
+    at a time instead of being stacked for every layer."""
+    runs: dict = {}
+    for loop in loops:
+        runs.setdefault(loop.run, {})[loop.reverse] = loop
+    for run, pair in sorted(runs.items()):
+        fwd, bwd = pair.get(False), pair.get(True)
+        if fwd is None or bwd is None:
+            log.info("the layers of %s are not rematerialised: their %s are not one loop",
+                     run, "forward ops" if fwd is None else "gradients")
+            continue
+        if len(fwd.layers) != len(bwd.layers):
+            log.info("the layers of %s are not rematerialised: %d forward layers, %d with "
+                     "gradients", run, len(fwd.layers), len(bwd.layers))
+            continue
+        recompute = _recomputable(fwd, bwd)
+        if not recompute:
+            log.info("the layers of %s are not rematerialised: their gradients read no "
+                     "forward value per layer", run)
+            continue
+        bwd.forward, bwd.recompute = fwd, recompute
+        fwd.saves_inputs = True
+        kept = [p for p in fwd.ys if _read_unless_recomputed(fwd, bwd, p)]
+        log.info("the gradients of %s compute their forward ops again: %d of %d stacked "
+                 "forward values no longer kept", run, len(fwd.ys) - len(kept), len(fwd.ys))
+        fwd.ys = kept
+
+
+def _recomputable(fwd: Loop, bwd: Loop) -> dict:
+    """{gradient loop slot: ("at", q) or ("in", p)} for the slots whose value in layer k
+    is the forward loop's op at body position q in layer k, or the carried value p
+    entering layer k."""
+    at = {n: (k, q) for k, layer in enumerate(fwd.layers) for q, n in enumerate(layer)}
+    init = {k[1]: fwd.slots[s][0] for s, k in enumerate(fwd.kinds) if isinstance(k, tuple)}
+    found = {}
+    for s, kind in enumerate(bwd.kinds):
+        if kind != "xs":
+            continue
+        values = bwd.slots[s]
+        where = [at.get(v) for v in values]
+        if all(w is not None and w[0] == k for k, w in enumerate(where)) \
+                and len({w[1] for w in where}) == 1:
+            found[s] = ("at", where[0][1])
+            continue
+        for p, first in init.items():
+            if values[0] is first and all(where[k] == (k - 1, p) for k in range(1, len(values))):
+                found[s] = ("in", p)
+                break
+    return found
+
+
+def _read_unless_recomputed(fwd: Loop, bwd: Loop, p: int) -> bool:
+    """Whether forward body position `p` is still read outside the forward loop once the
+    gradient loop recomputes its `recompute` slots (the last layer's carried value leaves
+    the loop as its final carry, not as a stacked output)."""
+    in_bwd = {n: q for layer in bwd.layers for q, n in enumerate(layer)}
+    inside = set(fwd.nodes)
+    last = len(fwd.layers) - 1
+    for k, layer in enumerate(fwd.layers):
+        node = layer[p]
+        if k == last and p in fwd.carry:
+            continue
+        for user in node.users:
+            if user in inside:
+                continue
+            q = in_bwd.get(user)
+            if q is None:
+                return True
+            leaves = pytree.tree_flatten((user.args, user.kwargs))[0]
+            if any(leaf is node and bwd.arg_slots.get((q, j)) not in bwd.recompute
+                   for j, leaf in enumerate(leaves)):
+                return True
+    return False
 
 
 def _groups(gm) -> dict:
@@ -299,48 +391,45 @@ def order(gm: fx.GraphModule, loops: list) -> list:
 def run_loop(loop: Loop, env: dict, lower_node, stacked: dict, stream):
     """Compute `loop` with `jax.lax.scan`: read its inputs from `env` and put every value
     read outside the loop into it. `lower_node(node, env)` lowers one op; `stacked` maps
-    id(array) -> (stacked array, layer) for values that are a layer of a loop's output."""
+    id(array) -> (stacked array, layer) for values that are a layer of a loop's output.
+    A forward loop that `saves_inputs` also puts, under the key `loop`, what its gradient
+    loop needs to run its body again: its stacked inputs, the values entering each layer,
+    and its draw numbers."""
     n = len(loop.layers)
     first = n - 1 if loop.reverse else 0
     carry_slots = {k[1]: s for s, k in enumerate(loop.kinds) if isinstance(k, tuple)}
     init = tuple(env[loop.slots[carry_slots[p]][first]] for p in loop.carry)
-    xs_slots = [s for s, k in enumerate(loop.kinds) if k == "xs"]
+    xs_slots = _stacked_slots(loop)
     index = _opaque_range(n)
-    xs = [_stack([env[v] for v in loop.slots[s]], stacked, index) for s in xs_slots]
-    draw_positions = sorted(loop.draws)
-    draws = [jnp.asarray(loop.draws[p], jnp.uint32) for p in draw_positions]
-    if draws:
+    xs = tuple(_stack([env[v] for v in loop.slots[s]], stacked, index) for s in xs_slots)
+    draws = _draws(loop)
+    fwd = loop.forward
+    again = env[fwd] if fwd is not None else ((), (), ())
+    if draws or (fwd is not None and fwd.draws):
         stream.materialize()
-    body = loop.layers[0]
 
     def step(carried, x):
-        xs_values, draw_values = x
-        slot_value = {}
-        for s, kind in enumerate(loop.kinds):
-            if kind == "shared":
-                slot_value[s] = env[loop.slots[s][0]]
-        for s, value in zip(xs_slots, xs_values):
-            slot_value[s] = value
-        carried_value = dict(zip(loop.carry, carried))
-        for s, kind in enumerate(loop.kinds):
-            if isinstance(kind, tuple):
-                slot_value[s] = carried_value[kind[1]]
-        draw_of = dict(zip(draw_positions, draw_values))
-        local = {}
-        for p, node in enumerate(body):
-            leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
-            leaves = [slot_value[loop.arg_slots[(p, j)]] if (p, j) in loop.arg_slots
-                      else local[leaf] if isinstance(leaf, fx.Node) else leaf
-                      for j, leaf in enumerate(leaves)]
-            args, kwargs = pytree.tree_unflatten(leaves, spec)
-            if p in draw_of:
-                stream.count = draw_of[p] - 1
-            local[node] = lower_node(node, args, kwargs)
-        return (tuple(local[body[p]] for p in loop.carry),
-                tuple(local[body[p]] for p in loop.ys))
+        xs_values, draw_values, again_values = x
+        slot_value = _slot_values(loop, env, xs_slots, xs_values, carried)
+        if fwd is not None:
+            fwd_xs, entering, fwd_draws = again_values
+            values = _body(fwd, _slot_values(fwd, env, _stacked_slots(fwd), fwd_xs, entering),
+                           fwd_draws, lower_node, stream)
+            entering = dict(zip(fwd.carry, entering))
+            for s, (how, q) in loop.recompute.items():
+                slot_value[s] = values[fwd.layers[0][q]] if how == "at" else entering[q]
+        local = _body(loop, slot_value, draw_values, lower_node, stream)
+        body = loop.layers[0]
+        ys = tuple(local[body[p]] for p in loop.ys)
+        if loop.saves_inputs:
+            ys += tuple(carried)
+        return tuple(local[body[p]] for p in loop.carry), ys
 
-    final, ys = jax.lax.scan(step, init, (tuple(xs), tuple(draws)), reverse=loop.reverse)
+    final, ys = jax.lax.scan(step, init, (xs, draws, again), reverse=loop.reverse)
     stream.count = 0   # the body's count is the body trace's own; each draw sets it again
+    if loop.saves_inputs:
+        env[loop] = (xs, tuple(ys[len(loop.ys):]), draws)
+        ys = ys[:len(loop.ys)]
     for p, value in zip(loop.ys, ys):
         for k, layer in enumerate(loop.layers):
             part = jax.lax.dynamic_index_in_dim(value, index[k], keepdims=False)
@@ -349,6 +438,46 @@ def run_loop(loop: Loop, env: dict, lower_node, stacked: dict, stream):
     last = 0 if loop.reverse else n - 1
     for p, value in zip(loop.carry, final):
         env[loop.layers[last][p]] = value
+
+
+def _stacked_slots(loop: Loop) -> list:
+    """The slots whose per-layer values the loop takes stacked (not those it recomputes)."""
+    return [s for s, k in enumerate(loop.kinds) if k == "xs" and s not in loop.recompute]
+
+
+def _draws(loop: Loop) -> tuple:
+    """Per body position that draws random numbers (in order), its per-layer draw numbers."""
+    return tuple(jnp.asarray(loop.draws[p], jnp.uint32) for p in sorted(loop.draws))
+
+
+def _slot_values(loop: Loop, env: dict, xs_slots, xs_values, carried) -> dict:
+    """slot -> its value in one layer: shared ones from `env`, the layer's part of the
+    stacked ones, and the carried ones."""
+    slot_value = {s: env[loop.slots[s][0]] for s, kind in enumerate(loop.kinds)
+                  if kind == "shared"}
+    slot_value.update(zip(xs_slots, xs_values))
+    carried_value = dict(zip(loop.carry, carried))
+    for s, kind in enumerate(loop.kinds):
+        if isinstance(kind, tuple):
+            slot_value[s] = carried_value[kind[1]]
+    return slot_value
+
+
+def _body(loop: Loop, slot_value: dict, draw_values, lower_node, stream) -> dict:
+    """One layer of `loop`: every body node's value, given its slots' values and the
+    layer's draw numbers."""
+    draw_of = dict(zip(sorted(loop.draws), draw_values))
+    local = {}
+    for p, node in enumerate(loop.layers[0]):
+        leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
+        leaves = [slot_value[loop.arg_slots[(p, j)]] if (p, j) in loop.arg_slots
+                  else local[leaf] if isinstance(leaf, fx.Node) else leaf
+                  for j, leaf in enumerate(leaves)]
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
+        if p in draw_of:
+            stream.count = draw_of[p] - 1
+        local[node] = lower_node(node, args, kwargs)
+    return local
 
 
 def _opaque_range(n):

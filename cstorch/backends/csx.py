@@ -190,12 +190,21 @@ class Performance(_FlagGroup):
       Off by default: on the CPU backend the loop compiled no faster than the unrolled
       layers, whose kernels XLA compiles once for all layers, and adds a copy of the
       layers' parameters per step (`docs/benchmarks.md`).
+    - `scan_blocks_remat` (default False; with `scan_blocks`): True makes the loop over the
+      layers' gradients compute each layer's forward ops again (activation
+      rematerialisation, as `jax.checkpoint` would) instead of reading every layer's
+      activations stacked by the forward loop: the forward keeps only each layer's input,
+      trading one more forward pass of the layers for their activations' memory. Results
+      are the same, dropout masks included. Part of the program key; set while
+      `scan_blocks` is off (or where the layers cannot loop) it warns at the capture that
+      it has no effect.
     """
     _flags = {
         "micro_batch_size": ("auto", _micro_batch_size),
         "transfer_processes": (5, _positive_int),
         "compress_weights": (False, _bool),
         "scan_blocks": (False, _bool),
+        "scan_blocks_remat": (False, _bool),
     }
     _inert = {"transfer_processes": "data moves to the devices in this process"}
 

@@ -192,14 +192,21 @@ def _trace(step_fn, backend, call, layout, outcome, micro):
     requires_grad = state.grad_flags() + [False] * (len(shapes) - len(layout.cells))
     # Identical layers are marked for the lowering to loop over (bridge.scan_blocks).
     runs = []
-    if csx.performance.scan_blocks:
+    performance = csx.performance
+    if performance.scan_blocks:
         unlooped = ("a micro-batched step" if micro is not None else
                     "debug.check_finite is on" if csx.debug.check_finite else None)
         if unlooped is None:
             runs = repeated_blocks.find_runs(state.named_modules())
         else:
-            warnings.warn(f"cstorch.backends.csx.performance.scan_blocks has no effect here: "
+            flags = "scan_blocks and scan_blocks_remat have" if performance.scan_blocks_remat \
+                else "scan_blocks has"
+            warnings.warn(f"cstorch.backends.csx.performance.{flags} no effect here: "
                           f"{unlooped}, whose layers are compiled one by one", stacklevel=2)
+    elif performance.scan_blocks_remat:
+        warnings.warn("cstorch.backends.csx.performance.scan_blocks_remat has no effect while "
+                      "scan_blocks is False: only the layers of a loop are rematerialised; set "
+                      "scan_blocks = True as well", stacklevel=2)
     on_host = {id(opt) for opt in backend.optimizers if not opt.on_device}
     hook = register_optimizer_step_pre_hook(refuse_optimizers(on_host))
     try:
@@ -222,7 +229,8 @@ def _lower(graph, backend, layout, outcome, micro):
     check_finite = csx.debug.check_finite
     check_indices = index_check.enabled(backend)
     if micro is None:
-        lowered = bridge.lower(graph, check_finite=check_finite, check_indices=check_indices)
+        lowered = bridge.lower(graph, check_finite=check_finite, check_indices=check_indices,
+                               remat_loops=csx.performance.scan_blocks_remat)
         if outcome.loop is None:
             return lowered
         n = len(layout.cells)

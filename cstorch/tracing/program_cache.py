@@ -50,7 +50,7 @@ class ProgramCache:
                # torch's own settings the capture follows, as eager PyTorch would
                (torch.get_default_dtype(),
                 torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")),
-               csx.performance.scan_blocks)
+               csx.performance.scan_blocks, csx.performance.scan_blocks_remat)
         return key, values
 
     def _groups(self, backend):

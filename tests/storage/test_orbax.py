@@ -92,7 +92,8 @@ def test_a_run_that_has_not_stepped_loads_a_trained_checkpoint(tmp_path):
 
 
 def test_errors(tmp_path):
-    _run()
+    # Each run is kept while it is checked: the state of a model no one holds is dropped.
+    _kept = _run()
     with pytest.raises(RuntimeError, match="does not exist"):
         load_orbax(tmp_path / "missing")
     with pytest.raises(RuntimeError, match="does not exist"):
@@ -110,15 +111,15 @@ def test_errors(tmp_path):
         save_orbax(tmp_path / "ckpt")
     save_orbax(tmp_path / "ckpt", overwrite=True)
 
-    _run(layers=2)  # one more Linear: slots the checkpoint lacks
+    _kept = _run(layers=2)  # one more Linear: slots the checkpoint lacks
     with pytest.raises(ValueError, match=r"run has state the checkpoint lacks: model\.4\.weight"):
         load_orbax(tmp_path / "ckpt")
     save_orbax(tmp_path / "deeper")
-    _run()  # and the other way round
+    _kept = _run()  # and the other way round
     with pytest.raises(ValueError, match=r"checkpoint has state the run lacks: .*model\.4\.weight"):
         load_orbax(tmp_path / "deeper")
 
-    _run(width=8)
+    _kept = _run(width=8)
     with pytest.raises(ValueError, match=r"'model\.0\.weight' has shape \(16, 6\) in the checkpoint "
                                          r"but \(8, 6\)"):
         load_orbax(tmp_path / "ckpt")
