@@ -8,6 +8,7 @@ import warnings
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
@@ -225,13 +226,17 @@ def _bind_grads(state, program):
 def _grad_arguments(state, program) -> list:
     """The gradient inputs of a program that leaves some of them unread: those are passed
     the array kept from the first call (any array of the right shape will do)."""
-    kept = program.unread_grad_arrays
+    placeholders = program.unread_grad_arrays   # input position, and the array's kind
     args = []
     for k, i in enumerate(program.grad_inputs):
-        if k in program.unread_grads:
-            if k not in kept:
-                kept[k] = state.grad_param(i).grad_array()
-            args.append(kept[k])
-        else:
+        if k not in program.unread_grads:
             args.append(state.grad_param(i).grad_array())
+            continue
+        if k not in placeholders:
+            grad = state.grad_param(i).grad_array()
+            kind = (grad.shape, grad.dtype, grad.sharding)
+            if kind not in placeholders:
+                placeholders[kind] = jnp.zeros_like(grad)
+            placeholders[k] = placeholders[kind]
+        args.append(placeholders[k])
     return args
