@@ -162,7 +162,7 @@ class ProgramCache:
         """Python values or the modules' hooks changed since the programs `moved` were
         captured. If the new program computes just as one of them did, the change does not
         matter to it: it replaces that one, and does not watch the values that changed."""
-        for old, name, reason in moved:
+        for old, _name, reason in moved:
             if program.compiled is old.compiled or old.computes_like(program):
                 changed = set(python_values.changes(old.python_values))
                 kept = {w[1] for w in old.python_values} - changed
