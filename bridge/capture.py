@@ -57,7 +57,10 @@ _TRACED = (FakeTensor, FunctionalTensor)
 
 
 def _traced(t: torch.Tensor) -> bool:
-    """Whether `t` is the capture's own (fake, or functional over fake), not a real tensor."""
+    """Whether `t` is the capture's own (fake, or functional over fake), not a real tensor.
+    Inside `torch.vmap` the step's tensors arrive wrapped (batched) by functorch."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
     return isinstance(t, _TRACED) or torch._is_functional_tensor(t)
 
 

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import torch
 
 from bridge.convert import to_jax_dtype
+from bridge.ops.opmath import in_float32
 from bridge.ops.registry import lowering
 
 aten = torch.ops.aten
@@ -14,6 +15,13 @@ aten = torch.ops.aten
 def _is_int(x):
     return jnp.issubdtype(jnp.result_type(x), jnp.integer) or jnp.result_type(x) == jnp.bool_
 
+
+# Ops whose result is exact in the input's own dtype; the rest are computed in float32 for
+# 16-bit floats (bridge/ops/opmath.py).
+_EXACT_IN_ANY_DTYPE = {
+    jnp.abs, jnp.negative, jnp.floor, jnp.ceil, jnp.trunc, jnp.round, jnp.sign,
+    jnp.logical_not, jnp.invert, jnp.isnan, jnp.isinf, jnp.isfinite, jax.nn.relu, jnp.signbit,
+}
 
 for _op, _fn in {
     aten.abs: jnp.abs, aten.neg: jnp.negative, aten.exp: jnp.exp, aten.exp2: jnp.exp2,
@@ -35,7 +43,10 @@ for _op, _fn in {
     aten.square: jnp.square, aten.positive: lambda x: x, aten.i0: jax.scipy.special.i0,
     aten.frac: lambda x: x - jnp.trunc(x), aten.signbit: jnp.signbit,
 }.items():
-    lowering(_op)(lambda x, _fn=_fn: _fn(x))
+    if _fn in _EXACT_IN_ANY_DTYPE:
+        lowering(_op)(lambda x, _fn=_fn: _fn(x))
+    else:
+        lowering(_op)(lambda x, _fn=_fn: in_float32(_fn, x))
 
 
 @lowering(aten.round.decimals)
@@ -168,12 +179,7 @@ _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 
 
 def _in_float32(fn):
-    """`fn` computed in float32 for half inputs, as ATen's CPU kernels do."""
-    def wrapped(*args):
-        half = args[-1].dtype in (jnp.float16, jnp.bfloat16)
-        out = fn(*(a.astype(jnp.float32) for a in args) if half else args)
-        return out.astype(args[-1].dtype) if half else out
-    return wrapped
+    return lambda *args: in_float32(fn, *args)
 
 
 @_in_float32

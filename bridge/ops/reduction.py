@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import torch
 
 from bridge.convert import to_jax_dtype
+from bridge.ops.opmath import HALF, in_float32
 from bridge.ops.registry import canonical_dim, lowering, scalar_as_vector
 
 aten = torch.ops.aten
@@ -165,25 +166,27 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
 @lowering(aten._softmax.default)
 @scalar_as_vector
 def softmax(x, dim, half_to_float=False):
-    return jax.nn.softmax(x, axis=dim)
+    out = jnp.float32 if half_to_float else x.dtype
+    return in_float32(lambda v: jax.nn.softmax(v, axis=dim), x, out_dtype=out)
 
 
 @lowering(aten._log_softmax.default)
 @scalar_as_vector
 def log_softmax(x, dim, half_to_float=False):
-    return jax.nn.log_softmax(x, axis=dim)
+    out = jnp.float32 if half_to_float else x.dtype
+    return in_float32(lambda v: jax.nn.log_softmax(v, axis=dim), x, out_dtype=out)
 
 
 @lowering(aten._softmax_backward_data.default)
 @scalar_as_vector
 def softmax_backward(grad, y, dim, input_dtype):
-    return y * (grad - jnp.sum(grad * y, axis=dim, keepdims=True))
+    return in_float32(lambda g, o: o * (g - jnp.sum(g * o, axis=dim, keepdims=True)), grad, y)
 
 
 @lowering(aten._log_softmax_backward_data.default)
 @scalar_as_vector
 def log_softmax_backward(grad, y, dim, input_dtype):
-    return grad - jnp.exp(y) * jnp.sum(grad, axis=dim, keepdims=True)
+    return in_float32(lambda g, o: g - jnp.exp(o) * jnp.sum(g, axis=dim, keepdims=True), grad, y)
 
 
 @lowering(aten.logsumexp.default)
@@ -193,6 +196,9 @@ def logsumexp(x, dim, keepdim=False):
 
 @lowering(aten.cumsum.default)
 def cumsum(x, dim, dtype=None):
+    if dtype is None and x.dtype in HALF:   # a running sum accumulates in float32
+        return in_float32(lambda v: jnp.cumsum(v, axis=dim if v.ndim else None), x
+                          ).reshape(x.shape)
     return jnp.cumsum(x, axis=dim if x.ndim else None, dtype=_acc_dtype(x, dtype)).reshape(x.shape)
 
 

@@ -25,6 +25,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 import bridge
 import wafer
 from bridge.device_tensor import GradSource
+from bridge.half_products import HalfProducts
 from bridge.precision import matmul_policy
 from bridge import repeated_blocks
 from cstorch import decompositions
@@ -167,6 +168,8 @@ def _traced_function(step_fn, backend, call: Call, layout: _Layout, outcome: _Ou
                 stack.enter_context(PerProcessBatchNorm(backend.process_count))
             else:   # per-process statistics would need process 0's shard here too
                 stack.enter_context(cumulative_batch_norm())
+            if backend.is_csx:   # a CSX compile takes half x float32 products
+                stack.enter_context(HalfProducts())
             token = capturing.set(outcome.ctx)
             stack.callback(capturing.reset, token)
             loop = stack.enter_context(implicit_loop_program.recording())

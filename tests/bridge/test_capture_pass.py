@@ -1,6 +1,7 @@
 """The capture runs the step's Python once, functionalising and decomposing as it traces:
 what the step's own code sees of a decomposed op (its strides) is what eager code sees,
 and library code can tell that it is being compiled."""
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -227,3 +228,27 @@ def test_nodes_without_a_user_frame_cost_no_stack_extraction(monkeypatch):
                for n in graph.graph.nodes if n.op == "placeholder")
     x, y = torch.randn(4, 3), torch.randn(4, 2)
     torch.testing.assert_close(graph(x, y)[0], model(x) - y.exp())
+
+
+def test_vmap_inside_the_step_over_a_closed_over_tensor():
+    """transformers 4.x builds attention masks with nested `torch.vmap` over index
+    tensors, one of them a real tensor the code closed over: inside vmap the traced
+    tensors arrive wrapped by functorch, and must not be taken for real ones."""
+    torch.manual_seed(0)
+    offsets = torch.randn(5)          # real, closed over
+
+    def mask(b, q, k):
+        return (k <= q) * offsets[k] + b
+
+    batched = torch.vmap(torch.vmap(torch.vmap(mask, (None, None, 0)), (None, 0, None)),
+                         (0, None, None))
+
+    def fn(bias, q_idx):
+        return [batched(bias, q_idx, torch.arange(5))]
+
+    bias, q_idx = torch.randn(3), torch.arange(4)
+    gm = bridge.capture(fn, [bias, q_idx])
+    got = bridge.lower(gm)(bridge.tensor_to_jax(bias), bridge.tensor_to_jax(q_idx))[0]
+    want = fn(bias, q_idx)[0]
+    assert want.shape == (3, 4, 5)
+    torch.testing.assert_close(torch.from_numpy(np.asarray(got)), want, rtol=1e-6, atol=0)

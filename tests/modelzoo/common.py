@@ -1,20 +1,9 @@
 """Model Zoo's GPT-2 and LLaMA, imported from `../shared/modelzoo/src` as its users run them,
 built tiny from their own config classes, with the batches its GPT data processors make.
-
-Model Zoo's import chain reaches third-party modules it never uses in training
-(`pandas` and `tabulate` for summaries, `torchvision.ops` for a vision norm, `multiprocess`,
-`requests` and `slack_sdk` for tooling and notifications). Where one is not installed, an
-inert stand-in takes its place while Model Zoo is imported, and is withdrawn afterwards so
-that nothing else in the test process sees it.
-"""
-import contextlib
+Everything Model Zoo's modules import comes with the `modelzoo` extra."""
 import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
 import sys
-import types
 import warnings
 
 import numpy as np
@@ -23,74 +12,17 @@ import torch
 from tests.conftest import SHARED
 
 MODELZOO_SRC = os.path.join(SHARED, "modelzoo", "src")
-STAND_INS = ("tabulate", "multiprocess", "pandas", "torchvision", "requests", "slack_sdk")
 
 VOCAB, HIDDEN, LAYERS, HEADS, FILTER, SEQ, BATCH = 100, 32, 2, 2, 64, 16, 4
 
 
-class _Inert:
-    """Whatever a module-level import or decorator of an unused module asks for."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, *args, **kwargs):
-        return _Inert()
-
-    def __getattr__(self, name):
-        return _Inert()
-
-
-class _InertModule(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Inert
-
-
-class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, names):
-        self.names = frozenset(names)
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname.split(".")[0] in self.names:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        return _InertModule(spec.name)
-
-    def exec_module(self, module):
-        module.__path__ = []
-        if module.__name__ == "tabulate":  # torch._dynamo formats its exit report with it
-            module.tabulate = lambda *args, **kwargs: ""
-
-
-@contextlib.contextmanager
-def _stand_ins_for_missing_modules():
-    try:  # transformers decides once (and caches) whether torchvision exists: the truth
-        from transformers.utils import import_utils
-        import_utils.is_torchvision_available()
-    except ImportError:
-        pass
-    missing = [name for name in STAND_INS if importlib.util.find_spec(name) is None]
-    finder = _StandInFinder(missing)
-    sys.meta_path.insert(0, finder)
-    try:
-        yield
-    finally:
-        sys.meta_path.remove(finder)
-        for name in [n for n in sys.modules if n.split(".")[0] in finder.names]:
-            del sys.modules[name]
-
-
 def import_modelzoo(module):
-    """A Model Zoo module, imported with stand-ins for the absent packages it reaches."""
+    """A Model Zoo module, imported with Model Zoo's source on sys.path."""
     if MODELZOO_SRC not in sys.path:
         sys.path.insert(0, MODELZOO_SRC)
     if module in sys.modules:
         return sys.modules[module]
-    with _stand_ins_for_missing_modules(), warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pydantic and deprecation chatter of Model Zoo
         return importlib.import_module(module)
 

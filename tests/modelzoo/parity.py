@@ -7,8 +7,12 @@ DataExecutor. The reference is the same model (built again from the same seed) t
 eagerly by torch: `torch.optim.SGD`, or for AdamW the same `cstorch.optim.AdamW` stepping
 eagerly on the host parameters of the uncompiled copy.
 """
+import contextlib
+
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 import cerebras.pytorch as cstorch
 from tests.modelzoo.common import loader, max_rel
@@ -30,6 +34,30 @@ def make_optimizers(name, sgd_lr):
 
 def _trainable(model):
     return [p for p in model.parameters() if p.requires_grad]
+
+
+class WaferHalfProducts(TorchFunctionMode):
+    """The eager reference for a CSX run of code that feeds half activations to float32
+    layers (Model Zoo's mixture-of-experts block under `cstorch.use_cs()`), which eager
+    PyTorch refuses: `F.linear` with its float32 weight and bias rounded to the
+    activations' dtype by hand, as a CSX compile takes the product. `rounded` counts the
+    products it changed."""
+
+    def __init__(self):
+        super().__init__()
+        self.rounded = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and args[0].dtype in (torch.float16, torch.bfloat16) \
+                and args[1].dtype == torch.float32:
+            half = args[0].dtype
+            args = (args[0], *(a.to(half) if isinstance(a, torch.Tensor) else a
+                               for a in args[1:]))
+            kwargs = {k: v.to(half) if isinstance(v, torch.Tensor) else v
+                      for k, v in kwargs.items()}
+            self.rounded += 1
+        return func(*args, **kwargs)
 
 
 def train_traced(family, model, make_optimizer, batches, backend):
@@ -76,9 +104,12 @@ def run(name, optimizer, steps, backend_kind="CPU", artifact_dir=None):
         batches = family.batches(steps, 1)
         kwargs = {"artifact_dir": artifact_dir} if artifact_dir else {}
         backend = cstorch.backend(backend_kind, **kwargs)
-        ref_losses = train_eager(family, reference, make_eager(_trainable(reference)), batches)
+        wafer_products = WaferHalfProducts()
+        with wafer_products if backend_kind == "CSX" else contextlib.nullcontext():
+            ref_losses = train_eager(family, reference, make_eager(_trainable(reference)),
+                                     batches)
         losses = train_traced(family, model, make_traced, batches, backend)
-    return {"losses": losses, "ref_losses": ref_losses,
+    return {"losses": losses, "ref_losses": ref_losses, "rounded": wafer_products.rounded,
             "state": _numpy(model.state_dict()), "ref_state": _numpy(reference.state_dict()),
             "initial": _numpy(initial)}
 
@@ -110,5 +141,6 @@ def measure(name, result):
                     default=0.0)
     moved = [k for k in ref_state if max_rel(ref_state[k], initial[k]) > 1e-3]
     return {"loss_rel": loss_rel, "param_rel": worst[0], "param_key": worst[1],
+            "rounded_products": result.get("rounded", 0),
             "noise_abs": noise_abs, "moved": len(moved), "params": len(ref_state),
             "finite": bool(np.isfinite(ref).all())}

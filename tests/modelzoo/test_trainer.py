@@ -8,14 +8,17 @@ The data is what `GptHDF5MapDataProcessor` reads: HDF5 files of preprocessed sam
 `data` row holding `input_ids`, the loss mask and `labels`.
 
 Nothing of Model Zoo or of the libraries is patched: the install has the `modelzoo` extra
-(pydantic < 2.10, which Model Zoo's config classes need), and cstorch lets
-`dataclasses.replace` rebuild torch's `TreeSpec` as Model Zoo's config dump does
-(`cstorch.torch_compat`). Modules that Model Zoo imports but never uses in training and
-that are not on PyPI or not installable with a CPU-only torch (`bigcode_eval`,
-`torchvision`) or large and unused (`lm_eval`, `wandb`, `datasets`) are stood in for while
-they are not installed (tests/modelzoo/common.py).
+(pydantic < 2.10, which Model Zoo's config classes need; torchvision, lm_eval, wandb and
+datasets, which its trainer imports), and cstorch lets `dataclasses.replace` rebuild torch's
+`TreeSpec` as Model Zoo's config dump does (`cstorch.torch_compat`) and torchvision import
+beside the CPU-only torch (`cstorch.torchvision_without_kernels`). One module is stood in
+for: BigCode's evaluation harness (`bigcode_eval`), which the trainer's extensions import
+and which is not on PyPI (Model Zoo installs it from its git repository; this machine
+reaches only PyPI): an inert module, only while it is not installed.
 """
 import contextlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import inspect
 import logging
@@ -24,6 +27,7 @@ import os
 import re
 import runpy
 import sys
+import types
 import warnings
 from typing import Optional
 
@@ -39,7 +43,6 @@ from tests.modelzoo import common
 from tests.modelzoo.common import SEQ, VOCAB
 
 PARAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "params_gpt2_tiny.yaml")
-EXTRA_STAND_INS = ("lm_eval", "bigcode_eval", "wandb", "jsonschema", "datasets")
 STEPS, CKPT_STEPS, BATCH = 4, 2, 4
 RTOL = 1e-5
 
@@ -52,24 +55,59 @@ def _check_install():
                     f"scripts/install.sh test does")
 
 
+class _Inert:
+    """Whatever a module-level import or decorator of the stood-in module asks for."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return _Inert()
+
+    def __getattr__(self, name):
+        return _Inert()
+
+
+class _InertModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Inert
+
+
+class _BigCodeStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] == "bigcode_eval":
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return _InertModule(spec.name)
+
+    def exec_module(self, module):
+        module.__path__ = []
+
+
 @contextlib.contextmanager
 def _modelzoo_runtime():
-    """Model Zoo's modules importable: stand-ins for the modules it imports without using
-    them that are not installed (see the module docstring)."""
+    """Model Zoo's modules importable: Model Zoo's source on sys.path, and the stand-in for
+    BigCode's harness where it is not installed (see the module docstring)."""
     _check_install()
-    missing = [n for n in EXTRA_STAND_INS if importlib.util.find_spec(n) is None]
-    finder = common._StandInFinder(missing)
-    sys.meta_path.insert(0, finder)
+    if common.MODELZOO_SRC not in sys.path:
+        sys.path.insert(0, common.MODELZOO_SRC)
+    stand_in = [_BigCodeStandIn()] if importlib.util.find_spec("bigcode_eval") is None else []
+    sys.meta_path[:0] = stand_in
     try:
-        with common._stand_ins_for_missing_modules(), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning, module="cerebras.modelzoo")
             warnings.filterwarnings("ignore", category=DeprecationWarning,
                                     module="cerebras.modelzoo")
             yield
     finally:
-        sys.meta_path.remove(finder)
-        for name in [n for n in sys.modules if n.split(".")[0] in finder.names]:
-            del sys.modules[name]
+        for finder in stand_in:
+            sys.meta_path.remove(finder)
+            for name in [n for n in sys.modules if n.split(".")[0] == "bigcode_eval"]:
+                del sys.modules[name]
 
 
 def _params(tmp_path, data_dir, max_steps=STEPS):

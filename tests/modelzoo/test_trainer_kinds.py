@@ -13,6 +13,7 @@ import math
 
 import h5py
 import numpy as np
+import PIL.Image
 import pytest
 import torch
 import yaml
@@ -21,6 +22,7 @@ import cerebras.pytorch as cstorch
 from tests.modelzoo.test_trainer import _checkpoints, _cszoo_fit, _scalars
 
 SEQ, PREDICTIONS, VOCAB, SAMPLES, BATCH = 16, 4, 100, 16, 4
+IMAGE, CLASSES = 32, 4
 RTOL = 1e-5
 
 
@@ -68,6 +70,26 @@ def _t5_hdf5(data_dir, seed):
     (data_dir / "data_params.json").write_text(json.dumps({"features": features}))
 
 
+def _imagenet_folder(data_dir, seed):
+    """What ImageNet1KProcessor reads through `torchvision.datasets.ImageNet`: `meta.bin`
+    (the class names of each WordNet id, and the validation images' ids) beside a `train`
+    and a `val` folder of images, a sub-folder per WordNet id. Its plain DataLoader reads
+    folders in order and starts again from the first image when resumed, so every batch
+    holds the same images: one class's folder, images repeating every batch. Lossless PNGs,
+    so that every run decodes the same pixels."""
+    rng = np.random.default_rng(seed)
+    wnids = [f"n{i:08d}" for i in range(CLASSES)]
+    data_dir.mkdir()
+    torch.save(({w: (f"class {i}",) for i, w in enumerate(wnids)}, []),
+               data_dir / "meta.bin")
+    batch = rng.integers(0, 256, (BATCH, IMAGE, IMAGE, 3), dtype=np.uint8)
+    for split in ("train", "val"):
+        folder = data_dir / split / wnids[0]
+        folder.mkdir(parents=True)
+        for i in range(SAMPLES):
+            PIL.Image.fromarray(batch[i % BATCH]).save(folder / f"{i:03d}.png")
+
+
 KINDS = {
     "bert": dict(
         model={"name": "bert", "vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
@@ -83,6 +105,22 @@ KINDS = {
                "position_embedding_type": "relative"},
         loader={"data_processor": "T5HDF5DataProcessor"},
         write=_t5_hdf5),
+    "vit": dict(
+        model={"name": "vision_transformer", "num_classes": CLASSES, "hidden_size": 32,
+               "num_hidden_layers": 2, "num_heads": 2, "filter_size": 64,
+               "image_size": [IMAGE, IMAGE], "num_channels": 3, "patch_size": [8, 8],
+               "position_embedding_type": "learned", "use_conv_patchified_embedding": True,
+               "prepend_cls_token": True, "norm_first": True, "dropout_rate": 0.0,
+               "embedding_dropout_rate": 0.0, "attention_dropout_rate": 0.0,
+               "use_encoder_pooler_layer": False},
+        loader={"data_processor": "ImageNet1KProcessor", "num_classes": CLASSES,
+                "image_size": [IMAGE, IMAGE], "use_worker_cache": False,
+                # torch refuses these two without worker processes
+                "prefetch_factor": None, "persistent_workers": False,
+                "transforms": [{"name": "to_tensor"},
+                               {"name": "normalize", "mean": [0.5] * 3, "std": [0.5] * 3}]},
+        split_folders=True,
+        write=_imagenet_folder),
 }
 
 
@@ -90,9 +128,15 @@ def _params(kind, tmp_path):
     spec = KINDS[kind]
     loaders = {}
     for split, seed in (("train", 0), ("val", 1)):
-        spec["write"](tmp_path / split, seed)
-        loaders[split] = {**spec["loader"], "data_dir": str(tmp_path / split),
-                          "batch_size": BATCH, "shuffle": False, "num_workers": 0}
+        if spec.get("split_folders"):   # one directory, a folder per split
+            if split == "train":
+                spec["write"](tmp_path / "images", seed)
+            where = {"data_dir": str(tmp_path / "images"), "split": split}
+        else:
+            spec["write"](tmp_path / split, seed)
+            where = {"data_dir": str(tmp_path / split)}
+        loaders[split] = {**spec["loader"], **where, "batch_size": BATCH, "shuffle": False,
+                          "num_workers": 0}
     params = {"trainer": {
         "init": {"backend": {"backend_type": "CPU"}, "seed": 1, "model": spec["model"],
                  "optimizer": {"AdamW": {"learning_rate": 1.0e-3, "weight_decay": 0.01}},
