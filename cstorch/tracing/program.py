@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from cstorch.tracing.arguments import Results
+from cstorch.tracing.same_function import same_callable
 
 
 @dataclass
@@ -107,7 +108,7 @@ class Program:
                 and self.micro_batch_size == other.micro_batch_size
                 and equal(self.results, other.results)
                 and len(self.closures) == len(other.closures)
-                and all(a.fn is b.fn and equal(a.leaves, b.leaves)
+                and all(same_callable(a.fn, b.fn) and equal(a.leaves, b.leaves)
                         for a, b in zip(self.closures, other.closures)))
 
 
