@@ -226,17 +226,18 @@ def _bind_grads(state, program):
 def _grad_arguments(state, program) -> list:
     """The gradient inputs of a program that leaves some of them unread: those are passed
     the array kept from the first call (any array of the right shape will do)."""
-    placeholders = program.unread_grad_arrays   # input position, and the array's kind
+    kept = program.unread_grad_arrays
     args = []
     for k, i in enumerate(program.grad_inputs):
         if k not in program.unread_grads:
             args.append(state.grad_param(i).grad_array())
             continue
-        if k not in placeholders:
+        if k not in kept:
             grad = state.grad_param(i).grad_array()
             kind = (grad.shape, grad.dtype, grad.sharding)
-            if kind not in placeholders:
-                placeholders[kind] = jnp.zeros_like(grad)
-            placeholders[k] = placeholders[kind]
-        args.append(placeholders[k])
+            kept[k] = next((a for a in kept.values() if (a.shape, a.dtype, a.sharding) == kind),
+                           None)
+            if kept[k] is None:
+                kept[k] = jnp.zeros_like(grad)
+        args.append(kept[k])
     return args

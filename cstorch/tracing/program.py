@@ -38,9 +38,9 @@ class Program:
     # output (after the finite flags) covers.
     index_checks: Any = None
     unread_grads: frozenset = frozenset()   # positions in grad_inputs the program never reads
-    # An unread gradient input still needs an array of its shape: one array of zeros per
-    # shape, dtype and sharding, passed for every such input (keeping the gradients of the
-    # first call instead held a whole set of gradients for as long as the program lived).
+    # An unread gradient input still needs an array of its shape: {input position: array},
+    # one array of zeros per shape, dtype and sharding (keeping the first call's gradients
+    # instead held a whole set of gradients for as long as the program lived).
     unread_grad_arrays: dict = field(default_factory=dict)
     # Host tensors the step closed over, which the program holds as constants, each with
     # its version counter (None for an inference tensor, which has none) and data pointer

@@ -11,7 +11,8 @@ import cerebras.pytorch as cstorch
 
 def _setup(clear_first: bool):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16),
+                                torch.nn.ReLU(), torch.nn.Linear(16, 3))
     reference = copy.deepcopy(model)
     compiled = cstorch.compile(model, cstorch.backend("CPU"))
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -52,8 +53,13 @@ def test_cleared_pending_gradients_are_not_read_and_values_still_match():
     losses = [float(step(x, y)) for x, y in _batches()]
     np.testing.assert_allclose(losses, _eager(reference, True), rtol=1e-5)
     second = [p for programs in step.programs.values() for p in programs][-1]
-    assert len(second.grad_inputs) == 4 and second.unread_grads == frozenset(range(4))
-    assert len(second.unread_grad_arrays) == 4   # kept once, passed again on later calls
+    assert len(second.grad_inputs) == 6 and second.unread_grads == frozenset(range(6))
+    # Passed zeros, one array per shape (the two biases of 16 share one), made once and
+    # passed again on later calls; not the gradients of a step, which the program would
+    # then hold for its life.
+    kept = second.unread_grad_arrays
+    assert sorted(kept) == list(range(6)) and len({id(a) for a in kept.values()}) == 5
+    assert all(not np.asarray(a).any() for a in kept.values())
     for a, b in zip(model.parameters(), reference.parameters()):
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-7)
 
