@@ -89,4 +89,3 @@ def test_only_malloc_settings_count_as_the_users():
     assert not host_memory.user_tuned_malloc({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2"})
     assert host_memory.user_tuned_malloc({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
     assert host_memory.user_tuned_malloc({"MALLOC_TRIM_THRESHOLD_": "0"})
-
