@@ -102,6 +102,10 @@ def run(program, data: StepData, backend, name: str):
     """Dispatch `program` on `data`; the run's state and gradients take its results, and
     the step's results are returned as the step function returned them."""
     state = backend.state
+    # Every pending gradient dies in this step when each one it is given goes unread
+    # (the others it clears or overwrites): they go now, not once its own are made.
+    if len(program.unread_grads) == len(program.grad_inputs) and state.grads_from is not None:
+        state.grads_from.grad_source.release()
     new_state, grads, outs = program.compiled(*data)
     if program.used is None:
         state.arrays_list[:] = new_state

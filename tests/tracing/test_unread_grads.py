@@ -2,6 +2,8 @@
 clears them before its backward pass they are unread, and each call must not slice them
 out of the last step's packed gradients again."""
 import copy
+import gc
+import weakref
 
 import numpy as np
 import torch
@@ -70,3 +72,41 @@ def test_accumulated_gradients_stay_inputs():
     np.testing.assert_allclose(losses, _eager(reference, False), rtol=1e-5)
     second = [p for programs in step.programs.values() for p in programs][-1]
     assert second.grad_inputs and not second.unread_grads
+
+
+def test_gradients_a_step_clears_are_freed_before_it_runs():
+    """As eager's `zero_grad` frees the gradients before the backward pass: the last step's
+    gradients are gone when the next step (which clears them) starts, so that the two sets
+    are not held at once; a gradient the user took stays theirs, and values match eager."""
+    model, reference, step = _setup(clear_first=True)
+    batches = list(_batches())[:3]
+    float(step(*batches[0]))
+    program = [p for programs in step.programs.values() for p in programs][-1]
+    previous = [weakref.ref(a) for a in program.grad_source.outputs]
+    taken = model[0].weight.grad            # the user's own reference to one gradient
+    taken_value = taken.detach().numpy().copy()
+    alive_at_dispatch = []
+    compiled = program.compiled
+
+    def dispatch(*args):
+        gc.collect()
+        alive_at_dispatch.append(sum(r() is not None for r in previous))
+        return compiled(*args)
+
+    program.compiled = dispatch
+    for x, y in batches[1:]:
+        float(step(x, y))
+    # One device: the step returns its gradients packed in one array, and the user's
+    # gradient is a slice of its own. (The third batch is smaller: another program.)
+    assert len(previous) == 1 and alive_at_dispatch == [0]
+    np.testing.assert_array_equal(taken.detach().numpy(), taken_value)
+
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        optimizer.step()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(a.grad.detach().numpy(), b.grad.numpy(), rtol=1e-5,
+                                   atol=1e-7)
