@@ -280,7 +280,7 @@ class DeviceTensor(HostReads, DeviceBacked, torch.Tensor):
     def has_grad(self) -> bool:
         slot = self.__dict__.get("_grad_slot")
         if slot is not None and slot.pending():
-            return slot.where is not None
+            return slot.where is not None and slot.source.outputs is not None
         return _GRAD.__get__(self) is not None
 
     # host access without the dispatcher ---------------------------------------------
@@ -375,6 +375,13 @@ class GradSource:
         self.outputs = outputs
         self.generation += 1
 
+    def release(self):
+        """Drop the gradients before the next step runs, when that step leaves none of
+        them alive (it clears each one it is given): as eager's `zero_grad` frees them
+        before the backward pass, so that they and the new ones are not held at once. A
+        slot of a released source reads no gradient; arrays a user took stay theirs."""
+        self.outputs = None
+
 
 class GradSlot:
     """One tensor's place in a `GradSource`: `where` is None (the step leaves no gradient),
@@ -392,7 +399,7 @@ class GradSlot:
         return self.source is not None and self.seen != self.source.generation
 
     def peek(self):
-        if self.where is None:
+        if self.where is None or self.source.outputs is None:
             return None
         index, offset, shape = self.where
         array = self.source.outputs[index]

@@ -26,6 +26,7 @@ from bridge import tensor_to_jax, to_jax_dtype
 from bridge.capture import with_user_line
 from bridge.convert import local_value, put_global
 from bridge.device_tensor import Absent, Cell, DeviceTensor, requires_grad_writes
+from wafer.host_memory import release_freed_host_memory
 from cstorch.errors import StepRefusedError
 from cstorch.metrics.metric import state_prefix
 from cstorch.run.capture_context import is_capturing
@@ -149,6 +150,7 @@ class RunState:
         self._initial = initial
         self._progress = progress
         self._replaced = {}
+        self._moved_bytes = 0
         index: dict[int, int] = {}
         cells, names, entries = [], [], []
 
@@ -186,7 +188,9 @@ class RunState:
         if self.backend.distributed:
             _take_main_process_values([device.cell for _, device in self._replaced.values()],
                                       self.backend.process_group.is_main)
-        self._replaced = {}
+        self._replaced = {}   # the last references to the host copies moved to the device
+        release_freed_host_memory(self._moved_bytes)
+        self._moved_bytes = 0
         self._progress = None
         self._submodules = submodules
         self._named_submodules = named
@@ -328,6 +332,7 @@ class RunState:
             dropped = None
         if dropped is None:
             value = _to_device(tensor, sharding)
+            self._moved_bytes += tensor.numel() * tensor.element_size()
         else:
             kept = dropped != "drop_data"
             if isinstance(tensor, DeviceTensor):

@@ -8,6 +8,7 @@ import warnings
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
@@ -101,6 +102,10 @@ def run(program, data: StepData, backend, name: str):
     """Dispatch `program` on `data`; the run's state and gradients take its results, and
     the step's results are returned as the step function returned them."""
     state = backend.state
+    # Every pending gradient dies in this step when each one it is given goes unread
+    # (the others it clears or overwrites): they go now, not once its own are made.
+    if len(program.unread_grads) == len(program.grad_inputs) and state.grads_from is not None:
+        state.grads_from.grad_source.release()
     new_state, grads, outs = program.compiled(*data)
     if program.used is None:
         state.arrays_list[:] = new_state
@@ -228,10 +233,15 @@ def _grad_arguments(state, program) -> list:
     kept = program.unread_grad_arrays
     args = []
     for k, i in enumerate(program.grad_inputs):
-        if k in program.unread_grads:
-            if k not in kept:
-                kept[k] = state.grad_param(i).grad_array()
-            args.append(kept[k])
-        else:
+        if k not in program.unread_grads:
             args.append(state.grad_param(i).grad_array())
+            continue
+        if k not in kept:
+            grad = state.grad_param(i).grad_array()
+            kind = (grad.shape, grad.dtype, grad.sharding)
+            kept[k] = next((a for a in kept.values() if (a.shape, a.dtype, a.sharding) == kind),
+                           None)
+            if kept[k] is None:
+                kept[k] = jnp.zeros_like(grad)
+        args.append(kept[k])
     return args

@@ -36,7 +36,8 @@ from cstorch.metrics.metric import Metric
 from cstorch.notices import inform
 from cstorch.optim.optimizer import hyperparameters
 from cstorch.run.capture_context import CaptureContext, UnregisteredModule, capturing
-from cstorch.tracing import hooks, implicit_loop_program, index_check, micro_batch, python_values
+from cstorch.tracing import (hooks, implicit_loop_program, index_check, micro_batch,
+                             python_values, reuse)
 from cstorch.tracing.arguments import Call, Results
 from cstorch.tracing.binding import bind_state, bind_hyperparameters
 from cstorch.tracing.cumulative_batch_norm import cumulative_batch_norm
@@ -56,9 +57,12 @@ VALUE_READ_HINT = ("To look at a tensor's value, pass it to a function decorated
 _LIBRARY = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
 
 
-def capture_program(step_fn, backend, call: Call, name: str) -> Program:
+def capture_program(step_fn, backend, call: Call, name: str, like=()) -> Program:
     """Capture `step_fn` for this call, registering modules it uses that were not compiled.
-    Micro-batching is entered only where it applies (`micro_batch.applies`)."""
+    Micro-batching is entered only where it applies (`micro_batch.applies`). Where the
+    capture computes like one of the programs `like` (same key, set aside for a changed
+    Python value), that program's compiled step is taken instead of compiling again
+    (`reuse.py`)."""
     while True:
         try:
             with older_objects_frozen():
@@ -66,7 +70,7 @@ def capture_program(step_fn, backend, call: Call, name: str) -> Program:
                     return micro_batch.capture(
                         backend, call, name,
                         lambda micro: _capture(step_fn, backend, call, name, micro))
-                return _capture(step_fn, backend, call, name)
+                return _capture(step_fn, backend, call, name, like=like)
         except UnregisteredModule as e:
             _register(backend, e.module, name)
 
@@ -286,13 +290,26 @@ def _jax_fn(lowered, backend, layout, outcome, packing, used):
     return jax_fn
 
 
-def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
+def _capture(step_fn, backend, call: Call, name: str, micro=None, like=()) -> Program:
     state = backend.state
     state.sync()
     layout = _Layout.of(backend, call)
     outcome = _Outcome()
     graph = _trace(step_fn, backend, call, layout, outcome, micro)
     _write_graph(graph, backend.artifacts_dir, name)
+    if like and micro is None and outcome.loop is None:
+        traced = Program(
+            graph=graph, jax_fn=None, compiled=None, names=list(state.names),
+            grad_inputs=layout.grad_in, grad_outputs=outcome.grad_out,
+            grad_rule=_grad_rule(layout, outcome), hyper=layout.hyper,
+            results=outcome.results, out_dtypes=outcome.dtypes, out_shapes=outcome.shapes,
+            closures=outcome.ctx.closures, held_results=outcome.held,
+            constants=_constants(outcome),
+            python_values=python_values_of(step_fn, state.named_modules()),
+            hooks=_hooks(backend, layout))
+        found = reuse.compiled_like(traced, like)
+        if found is not None:
+            return found
     lowered = _lower(graph, backend, layout, outcome, micro)
     cells = layout.cells
     packing = (grad_layout([cells[i] for i in outcome.grad_out])
@@ -315,21 +332,33 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None) -> Program:
     return Program(
         graph=graph, jax_fn=jax_fn, compiled=compiled, names=list(state.names),
         grad_inputs=layout.grad_in, grad_outputs=outcome.grad_out,
-        grad_rule={i: (i in layout.grad_in) for i in layout.params if i not in outcome.cleared},
+        grad_rule=_grad_rule(layout, outcome),
         hyper=layout.hyper, results=outcome.results, out_dtypes=outcome.dtypes,
         out_shapes=outcome.shapes, closures=outcome.ctx.closures,
         uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=packing,
         unread_grads=_unread_grad_inputs(compiled.jaxpr(), len(taken), len(layout.grad_in)),
         used=used,
         grad_source=GradSource(), held_results=outcome.held,
-        constants=tuple((t, None if t.is_inference() else t._version, t.data_ptr())
-                        for t in outcome.constants.values()),
+        constants=_constants(outcome),
         python_values=python_values_of(step_fn, state.named_modules()),
-        hooks=hooks.Hooks((m for _, m in state.named_modules()), layout.params.values(),
-                          backend.optimizers),
+        hooks=_hooks(backend, layout),
         finite_check=getattr(lowered, "checked", None) if csx.debug.check_finite else None,
         # Filled when compile_step traced the function; empty: no such output.
         index_checks=(lowered.index_checks or None) if checked else None)
+
+
+def _grad_rule(layout, outcome) -> dict:
+    return {i: (i in layout.grad_in) for i in layout.params if i not in outcome.cleared}
+
+
+def _constants(outcome) -> tuple:
+    return tuple((t, None if t.is_inference() else t._version, t.data_ptr())
+                 for t in outcome.constants.values())
+
+
+def _hooks(backend, layout):
+    return hooks.Hooks((m for _, m in backend.state.named_modules()), layout.params.values(),
+                       backend.optimizers)
 
 
 # XLA copies a donated state array that is read after its new value could be made (a

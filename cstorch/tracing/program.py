@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from cstorch.tracing.arguments import Results
+from cstorch.tracing.same_function import same_callable
 
 
 @dataclass
@@ -37,8 +38,9 @@ class Program:
     # output (after the finite flags) covers.
     index_checks: Any = None
     unread_grads: frozenset = frozenset()   # positions in grad_inputs the program never reads
-    # An unread gradient input still needs an array of its shape: the first one passed is
-    # kept and passed again, instead of slicing the pending gradient out every call.
+    # An unread gradient input still needs an array of its shape: {input position: array},
+    # one array of zeros per shape, dtype and sharding (keeping the first call's gradients
+    # instead held a whole set of gradients for as long as the program lived).
     unread_grad_arrays: dict = field(default_factory=dict)
     # Host tensors the step closed over, which the program holds as constants, each with
     # its version counter (None for an inference tensor, which has none) and data pointer
@@ -106,7 +108,7 @@ class Program:
                 and self.micro_batch_size == other.micro_batch_size
                 and equal(self.results, other.results)
                 and len(self.closures) == len(other.closures)
-                and all(a.fn is b.fn and equal(a.leaves, b.leaves)
+                and all(same_callable(a.fn, b.fn) and equal(a.leaves, b.leaves)
                         for a, b in zip(self.closures, other.closures)))
 
 

@@ -34,6 +34,9 @@ class ProgramCache:
         self.name = name
         self.programs: dict = {}   # key -> [Program], told apart by their gradient rules
         self.captures = 0
+        # Captures that compiled a program: a capture that computes like a program set
+        # aside for a changed Python value takes its compiled step (`reuse`).
+        self.compiles = 0
         self.warm_starts = 0   # programs taken from compile_dir without a capture
         self.recaptures: list = []   # why each capture after the first happened
         self._groups_cache = None
@@ -97,27 +100,28 @@ class ProgramCache:
             candidates = self._last[1]   # the same key as the last call: no dict lookup
         else:
             candidates = self.programs.setdefault(key, [])
-        stale = moved = None
+        stale = None
+        moved = []   # (program, name, reason) set aside for a change, the latest first
         for program in candidates:
             if all(state.has_grad(i) == present for i, present in program.grad_rule.items()):
                 stale = program.constants_changed() if program.constants else None
                 if stale is not None:
                     candidates.remove(program)   # it computes with the tensor's old value
                     break
-                # A new program is judged against the latest one a change set aside: the
-                # one most like it, and the change its reason gives.
+                # A new program is judged against each program a change set aside, the
+                # latest first: the one it computes like is the one it replaces.
                 change = python_values.first_change(program.python_values)
                 if change is not None:   # it was captured with another value of it
                     name, before, now = change
-                    moved = (program, candidates, name, (
+                    moved.insert(0, (program, name, (
                         f"{name} changed from {python_values.describe(before)} to "
-                        f"{python_values.describe(now)}"))
+                        f"{python_values.describe(now)}")))
                     continue
                 if program.hooks is not None and program.hooks.changed():
-                    moved = (program, candidates, None, (
+                    moved.insert(0, (program, None, (
                         "a hook the step runs (a module's forward or backward hook, a "
                         "parameter's gradient hook, an optimizer's step hook) was registered "
-                        "or removed"))
+                        "or removed")))
                     continue
                 self._last = (key, candidates)
                 return program, values
@@ -128,14 +132,17 @@ class ProgramCache:
             warnings.warn(f"cstorch: {self.name}: {reason}; capturing it again, so that the "
                           f"step computes with its new value. Pass the tensor to the step as "
                           f"an argument, and a new value needs no new capture.", stacklevel=3)
+        like = [m[0] for m in moved]
         program, stored = warm.capture_or_load(
             self, backend, call, key,
-            lambda: capture_program(self.step_fn, backend, call, self.name))
+            lambda: capture_program(self.step_fn, backend, call, self.name, like=like))
         state.note_cache(self)
         if stored:
             self.warm_starts += 1
         else:
             self.captures += 1
+            if not any(program.compiled is old.compiled for old in like):
+                self.compiles += 1
         # Registering modules during capture changes the state layout: key by the result.
         key, values = self.key(backend, call)
         if backend.retrace_every_iteration:
@@ -144,8 +151,8 @@ class ProgramCache:
         else:
             if stale is not None:
                 self.recaptures.append([reason])
-            elif moved is not None:
-                self._value_recapture(moved, program)
+            elif moved:
+                self._value_recapture(moved, candidates, program)
             elif previous is not None:
                 self._log_recapture(previous[0], key)
             self.programs.setdefault(key, []).append(program)
@@ -162,21 +169,25 @@ class ProgramCache:
         if self._last is not None and self._last[0][1] < version:
             self._last = None
 
-    def _value_recapture(self, moved, program):
-        """A Python value or the modules' hooks changed since `old` was captured. If the
-        new program computes just as `old` did, the change does not matter to it: it
-        replaces `old`, and does not watch the values that changed."""
-        old, candidates, name, reason = moved
-        if old.computes_like(program):
-            changed = set(python_values.changes(old.python_values))
-            kept = {w[1] for w in old.python_values} - changed
-            program.python_values = tuple(w for w in program.python_values if w[1] in kept)
-            if old in candidates:
-                candidates.remove(old)
-            log.info("cstorch: %s captured again (program %d), which left the program the "
-                     "same: %s%s", self.name, self.captures, reason,
-                     f"; {', '.join(sorted(changed))} no longer watched" if changed else "")
-            return
+    def _value_recapture(self, moved, candidates, program):
+        """Python values or the modules' hooks changed since the programs `moved` were
+        captured. If the new program computes just as one of them did, the change does not
+        matter to it: it replaces that one, and does not watch the values that changed."""
+        for old, _name, reason in moved:
+            if program.compiled is old.compiled or old.computes_like(program):
+                changed = set(python_values.changes(old.python_values))
+                kept = {w[1] for w in old.python_values} - changed
+                program.python_values = tuple(w for w in program.python_values
+                                              if w[1] in kept)
+                if old in candidates:
+                    candidates.remove(old)
+                log.info("cstorch: %s captured again (program %d), which left the program "
+                         "the same%s: %s%s", self.name, self.captures,
+                         " (its compiled step taken again)"
+                         if program.compiled is old.compiled else "", reason,
+                         f"; {', '.join(sorted(changed))} no longer watched" if changed else "")
+                return
+        _, name, reason = moved[0]
         self.recaptures.append([reason])
         log.info("cstorch: %s captured again (program %d): %s", self.name, self.captures, reason)
         if name is None:

@@ -39,6 +39,12 @@ class TracedStep:
         return self.cache.captures
 
     @property
+    def compiles(self) -> int:
+        """How many of the captures compiled a program: a capture that computes like the
+        program a changed Python value set aside takes that program's compiled step."""
+        return self.cache.compiles
+
+    @property
     def warm_starts(self) -> int:
         """How many programs were taken from `compile_dir` without a capture."""
         return self.cache.warm_starts
@@ -97,4 +103,5 @@ class TracedStep:
             if program.jax_fn is None:   # taken from compile_dir, which keeps no JAX function
                 program = capture_program(self.step_fn, backend, call, self.name)
                 self.cache.captures += 1
+                self.cache.compiles += 1
             return jax_step(program, values, backend, call)

@@ -38,6 +38,7 @@ import torch
 import yaml
 
 import cerebras.pytorch as cstorch
+from cstorch.tracing.program_cache import ProgramCache
 from tests.modelzoo import common
 from tests.modelzoo.common import SEQ, VOCAB
 
@@ -190,14 +191,22 @@ def _assert_states_close(actual, expected):
 
 @pytest.fixture(scope="module")
 def first_fit(tmp_path_factory):
-    """The params YAML fitted for STEPS steps from scratch: (data dir, model dir)."""
+    """The params YAML fitted for STEPS steps from scratch: (data dir, model dir, the
+    program caches of the traced steps the fit ran)."""
     tmp_path = tmp_path_factory.mktemp("trainer")
     data_dir, model_dir = tmp_path / "data", tmp_path / "model_dir"
     _write_samples(data_dir)
+    caches = []
+    made = ProgramCache.__init__
+
+    def recording(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        caches.append(self)
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.chdir(tmp_path)
+        monkeypatch.setattr(ProgramCache, "__init__", recording)
         _cszoo_fit(_params(tmp_path, data_dir), "--model_dir", model_dir)
-    return data_dir, model_dir
+    return data_dir, model_dir, caches
 
 
 def _load_checkpoints(model_dir):
@@ -228,7 +237,7 @@ def _load_checkpoints(model_dir):
 
 
 def test_trainer_fits_tiny_gpt2_from_params_yaml(first_fit):
-    _, model_dir = first_fit
+    _, model_dir, _ = first_fit
 
     # Losses: finite, one per step, in TensorBoard and in the progress log alike.
     losses = _scalars(model_dir, "loss")
@@ -262,7 +271,7 @@ def test_trainer_fits_tiny_gpt2_from_params_yaml(first_fit):
 def test_trainer_resumes_from_its_checkpoint(first_fit, tmp_path, monkeypatch):
     """Resuming from the step-2 checkpoint (model, optimizer, scheduler, global step and
     dataloader position) continues the same run: the same losses and final state."""
-    data_dir, model_dir = first_fit
+    data_dir, model_dir, _ = first_fit
     losses = _scalars(model_dir, "loss")
     states = _load_checkpoints(model_dir)
     monkeypatch.chdir(tmp_path)
@@ -286,6 +295,27 @@ def test_trainer_resumes_from_its_checkpoint(first_fit, tmp_path, monkeypatch):
     for key, slots in expected["optimizer"]["state"].items():
         _assert_states_close(final["optimizer"]["state"][key], slots)
     assert final["optimizer"]["param_groups"] == expected["optimizer"]["param_groups"]
+
+
+def test_the_training_step_is_compiled_once(first_fit):
+    """The trainer's global step, reachable from the step through Model Zoo's summaries
+    global, changes at every step but only the step closures read it: one capture finds
+    that it leaves the program as it was and takes the compiled step; no capture after
+    that (before: a capture and a compile at every step). The steps that ran the program
+    taken again compute what eager PyTorch does: step 3's loss is the loss of the
+    step-2 checkpoint's model on step 3's batch."""
+    data_dir, model_dir, caches = first_fit
+    assert [(c.name, c.captures, c.compiles) for c in caches] == [("training_step", 2, 1)]
+
+    model = common.build("gpt2", loss_scaling="num_tokens")
+    model.load_state_dict(cstorch.load(str(model_dir / f"checkpoint_{CKPT_STEPS}.mdl"))["model"])
+    with h5py.File(data_dir / "data-000000.h5") as f:
+        rows = torch.from_numpy(f["data"][CKPT_STEPS * BATCH:(CKPT_STEPS + 1) * BATCH])
+    batch = {k: rows[:, i].contiguous()
+             for i, k in enumerate(("input_ids", "attention_mask", "labels"))}
+    with torch.no_grad():
+        expected = float(model(batch))
+    assert _scalars(model_dir, "loss")[CKPT_STEPS + 1] == pytest.approx(expected, rel=RTOL)
 
 
 def test_what_the_trainer_reads_from_cstorch():

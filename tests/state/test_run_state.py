@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import cstorch
+from wafer import host_memory
 
 RTOL = 1e-5
 
@@ -581,3 +582,28 @@ def test_a_write_through_numpy_raises_instead_of_being_lost():
         np.asarray(weight.detach(), dtype=np.float64, copy=False)
     assert np.asarray(weight.detach(), dtype=np.float64).dtype == np.float64
     assert loss.numpy().shape == ()
+
+
+class _CountingLibc:
+    def __init__(self):
+        self.trims = 0
+
+    def malloc_trim(self, pad):
+        self.trims += 1
+        return 1
+
+
+def test_state_moved_to_the_device_gives_the_freed_host_copies_back(monkeypatch):
+    """Moving 64 MiB or more of state to the device at once trims the heap; less does not
+    (a trim walks the whole heap)."""
+    libc = _CountingLibc()
+    monkeypatch.setattr(host_memory, "_glibc", lambda: libc)
+    small = torch.nn.Linear(64, 64)
+    cstorch.compile(small, cstorch.backend("CPU"))
+    assert libc.trims == 0
+    large = torch.nn.Linear(4096, 4200)          # 68.8 MB of float32 parameters
+    cstorch.compile(large, cstorch.current_backend())
+    assert libc.trims == 1
+    # the optimizer's state: two moments as large as the parameters, made on the host
+    cstorch.optim.Adam(large.parameters(), lr=1e-3)
+    assert libc.trims == 2
