@@ -17,17 +17,15 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import _disable_current_modes
 
+from bridge.half_products import PRODUCTS
+
 _T = torch.Tensor
 # Calls whose CPU kernels require every floating operand in one dtype (eager raises "mat1
 # and mat2 must have the same dtype", "mixed dtype (CPU)", "Input type (double) and bias
 # type (float) should be the same", ...), where a decomposition would promote instead.
-_SAME_DTYPE = frozenset({
-    F.linear, F.bilinear, torch.matmul, _T.matmul, _T.__matmul__, _T.__rmatmul__,
-    torch.mm, _T.mm, torch.bmm, _T.bmm, torch.addmm, _T.addmm, torch.baddbmm, _T.baddbmm,
-    torch.addbmm, _T.addbmm, torch.mv, _T.mv, torch.addmv, _T.addmv, torch.dot, _T.dot,
-    torch.inner, torch.outer, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d,
-    F.conv_transpose2d, F.conv_transpose3d, F.layer_norm, F.group_norm, F.batch_norm,
-    F.instance_norm, F.prelu, F.scaled_dot_product_attention,
+_SAME_DTYPE = PRODUCTS | frozenset({
+    F.layer_norm, F.group_norm, F.batch_norm, F.instance_norm, F.prelu,
+    F.scaled_dot_product_attention,
 })
 # Losses over class indices: eager takes int64 (or uint8) targets only.
 _CLASS_TARGETS = {F.cross_entropy: 1, F.nll_loss: 1, F.multi_margin_loss: 1}

@@ -16,7 +16,9 @@ import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 
 _T = torch.Tensor
-_PRODUCTS = frozenset({
+# Matrix products and convolutions: PyTorch's kernels take their floating operands in one
+# dtype.
+PRODUCTS = frozenset({
     F.linear, F.bilinear, torch.matmul, _T.matmul, _T.__matmul__, _T.__rmatmul__,
     torch.mm, _T.mm, torch.bmm, _T.bmm, torch.addmm, _T.addmm, torch.baddbmm, _T.baddbmm,
     torch.addbmm, _T.addbmm, torch.mv, _T.mv, torch.addmv, _T.addmv, torch.dot, _T.dot,
@@ -41,7 +43,7 @@ class HalfProducts(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _PRODUCTS:
+        if func in PRODUCTS:
             half = _half_dtype(args, kwargs)
             if half is not None:
                 args, kwargs = pytree.tree_map_only(
