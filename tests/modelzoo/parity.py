@@ -40,8 +40,8 @@ class WaferHalfProducts(TorchFunctionMode):
     """The eager reference for a CSX run of code that feeds half activations to float32
     layers (Model Zoo's mixture-of-experts block under `cstorch.use_cs()`), which eager
     PyTorch refuses: `F.linear` with its float32 weight and bias rounded to the
-    activations' dtype by hand, as a CSX compile takes the product. `rounded` counts the
-    products it changed."""
+    activations' dtype by hand, as a CSX compile takes the product (under autocast,
+    autocast rounds them itself). `rounded` counts the products it changed."""
 
     def __init__(self):
         super().__init__()
@@ -50,7 +50,7 @@ class WaferHalfProducts(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear and args[0].dtype in (torch.float16, torch.bfloat16) \
-                and args[1].dtype == torch.float32:
+                and args[1].dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
             half = args[0].dtype
             args = (args[0], *(a.to(half) if isinstance(a, torch.Tensor) else a
                                for a in args[1:]))
