@@ -4,7 +4,8 @@ This module is a face: it re-exports the public names, which live in the modules
 """
 import sys
 
-from cstorch import torch_compat, torchvision_without_kernels
+import cstorch_torchvision
+from cstorch import torch_compat
 from cstorch import amp, backends, distributed, metrics, optim, utils
 from cstorch import cirh, core, experimental, lib, nn, profiler
 from cstorch import mesh
@@ -28,7 +29,7 @@ from cstorch.version import __version__ as __version__
 nn.functional.cstorch = sys.modules[__name__]
 
 torch_compat.restore_treespec_replace()
-torchvision_without_kernels.declare_missing_torchvision_operators()
+cstorch_torchvision.declare_missing_torchvision_operators()
 
 # True only while documentation is generated (never here); Model Zoo checks it to swap in
 # stand-ins for classes that need a live cluster.

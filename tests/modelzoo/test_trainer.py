@@ -11,7 +11,7 @@ Nothing of Model Zoo or of the libraries is patched: the install has the `modelz
 (pydantic < 2.10, which Model Zoo's config classes need; torchvision, lm_eval, wandb and
 datasets, which its trainer imports), and cstorch lets `dataclasses.replace` rebuild torch's
 `TreeSpec` as Model Zoo's config dump does (`cstorch.torch_compat`) and torchvision import
-beside the CPU-only torch (`cstorch.torchvision_without_kernels`). One module is stood in
+beside the CPU-only torch (`cstorch_torchvision`). One module is stood in
 for: BigCode's evaluation harness (`bigcode_eval`), which the trainer's extensions import
 and which is not on PyPI (Model Zoo installs it from its git repository; this machine
 reaches only PyPI): an inert module, only while it is not installed.

@@ -1,19 +1,27 @@
-"""torchvision imports after cstorch even where its C++ operator library cannot load (PyPI's
-Linux wheels link torch's CUDA libraries; a CPU-only torch has none): its transforms work,
-its operators raise torchvision's own error, and a notice says so. Each case runs in a fresh
-process, since torchvision is imported once per process."""
+"""torchvision imports even where its C++ operator library cannot load (PyPI's Linux wheels
+link torch's CUDA libraries; a CPU-only torch has none), whatever was imported first: its
+transforms work, its operators raise torchvision's own error, and a warning says so
+(`cstorch_torchvision`, a plugin torch loads when imported, and called by cstorch again).
+Each case runs in a fresh process, since torchvision is imported once per process."""
 import ctypes
 import importlib.util
 import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 torchvision_spec = importlib.util.find_spec("torchvision")
 
+FIRST = {
+    "cstorch": "import cerebras.pytorch",
+    "torchvision": "import torchvision",
+    # every transformers model module imports torchvision (through image_utils)
+    "transformers": "from transformers import BertForSequenceClassification",
+}
 SCRIPT = r"""
-import cerebras.pytorch
 import numpy as np, PIL.Image, torch, torchvision
 from torchvision import transforms
 image = PIL.Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), np.uint8))
@@ -41,15 +49,21 @@ def _operator_library_loads():
         return False
 
 
-def test_torchvision_imports_after_cstorch_with_or_without_its_operators():
+@pytest.mark.parametrize("first,plugins", [
+    ("cstorch", "1"), ("torchvision", "1"), ("transformers", "1"),
+    ("cstorch", "0"),     # torch's plugins switched off: cstorch's own call
+])
+def test_torchvision_imports_with_or_without_its_operators(first, plugins):
     assert torchvision_spec is not None, "the modelzoo extra installs torchvision"
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1",
+           "TORCH_DEVICE_BACKEND_AUTOLOAD": plugins}
+    proc = subprocess.run([sys.executable, "-c", FIRST[first] + "\n" + SCRIPT],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     if _operator_library_loads():
         assert "nms [0]" in proc.stdout
         assert "torchvision's C++ operators" not in proc.stderr
     else:
         assert "nms raised: Couldn't load custom C++ ops" in proc.stdout
-        assert "cstorch: torchvision's C++ operators do not load with this torch" \
+        assert "UserWarning: torchvision's C++ operators do not load with this torch" \
             in proc.stderr

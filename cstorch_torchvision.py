@@ -11,18 +11,21 @@ no `cszoo fit` could start.
 
 `declare_missing_torchvision_operators` watches for torchvision's first import. Where the
 operator library does not load, it declares the two operators' schemas (no kernels), and
-torchvision imports with its operators unavailable, which a notice says; calling one still
-raises torchvision's own error. Where the library loads, or torchvision is not installed,
-nothing is changed.
+torchvision imports with its operators unavailable, which a warning says; calling one
+still raises torchvision's own error. Where the library loads, or torchvision is not
+installed, nothing is changed.
+
+This module runs when torch is imported, before torchvision's own code, as a plugin of
+torch's (an entry point in the `torch.backends` group, which `import torch` loads), so the
+order of a user's imports does not matter (`transformers` imports torchvision from every
+model module). It imports nothing but torch; `cstorch` calls it again when imported, for
+an environment that switched torch's plugins off (`TORCH_DEVICE_BACKEND_AUTOLOAD=0`).
 """
 import importlib.abc
 import importlib.machinery
 import os
 import sys
-
-import torch
-
-from cstorch.notices import inform
+import warnings
 
 # torchvision's own schemas for the operators it registers fake kernels for at import.
 _SCHEMAS = (
@@ -41,6 +44,9 @@ def _operator_library(package_dir):
 
 
 def _declare_if_unloadable(package_dir):
+    # torch loads this module while torch itself is being imported: no import of it above
+    import torch  # noqa: PLC0415 (see the comment above)
+
     path = _operator_library(package_dir)
     if path is None:
         return
@@ -53,10 +59,11 @@ def _declare_if_unloadable(package_dir):
     for schema in _SCHEMAS:
         library.define(schema)
     _declared.append(library)
-    inform(f"torchvision's C++ operators do not load with this torch "
-           f"({torch.__version__}): {reason}. Its transforms, datasets and models work; "
-           f"its operators (torchvision.ops.nms, roi_align, ...) raise when called. "
-           f"Install the torchvision build made for this torch to have them.")
+    warnings.warn(f"torchvision's C++ operators do not load with this torch "
+                  f"({torch.__version__}): {reason}. Its transforms, datasets and models "
+                  f"work; its operators (torchvision.ops.nms, roi_align, ...) raise when "
+                  f"called. Install the torchvision build made for this torch to have them.",
+                  stacklevel=2)
 
 
 class _FirstImportWatch(importlib.abc.MetaPathFinder):
@@ -71,8 +78,12 @@ class _FirstImportWatch(importlib.abc.MetaPathFinder):
 
 
 def declare_missing_torchvision_operators():
-    """Let a later `import torchvision` succeed where its operator library cannot load."""
-    if "torchvision" in sys.modules:
+    """Let `import torchvision` succeed where its operator library cannot load: now, where
+    torchvision is being imported (it imports torch first), or at its first import."""
+    module = sys.modules.get("torchvision")
+    if module is not None:
+        if not _declared and not hasattr(module, "__version__"):   # its import has begun
+            _declare_if_unloadable(list(module.__path__)[0])
         return
     if not any(isinstance(finder, _FirstImportWatch) for finder in sys.meta_path):
         sys.meta_path.insert(0, _FirstImportWatch())
