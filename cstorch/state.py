@@ -127,6 +127,7 @@ class RunState:
         # During a refresh: id(host tensor) -> (host tensor, device tensor that replaced it),
         # so a tensor held in two places (tied weights, an optimizer's params) stays one cell.
         self._replaced = {}
+        self._moved_bytes = 0   # of host tensors moved to the device by this refresh
         self._initial = False
         self._progress = None
         # Dropping what an owner held waits while the state is in use (a step being
