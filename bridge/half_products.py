@@ -39,14 +39,25 @@ def _half_dtype(args, kwargs):
 
 
 class HalfProducts(TorchFunctionMode):
-    """While active, products of float32 and half operands are computed in the half dtype."""
+    """While active, products of float32 and half operands are computed in the half dtype.
+    On leaving, `taken(names)` hears the names of the calls that were, if any."""
+
+    def __init__(self, taken=None):
+        super().__init__()
+        self.taken, self.names = taken, set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in PRODUCTS:
             half = _half_dtype(args, kwargs)
             if half is not None:
+                self.names.add(getattr(func, "__name__", str(func)))
                 args, kwargs = pytree.tree_map_only(
                     _T, lambda t: t.to(half) if t.dtype == torch.float32 else t,
                     (args, kwargs))
         return func(*args, **kwargs)
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        if self.names and self.taken is not None:
+            self.taken(self.names)

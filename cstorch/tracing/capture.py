@@ -169,7 +169,7 @@ def _traced_function(step_fn, backend, call: Call, layout: _Layout, outcome: _Ou
             else:   # per-process statistics would need process 0's shard here too
                 stack.enter_context(cumulative_batch_norm())
             if backend.is_csx:   # a CSX compile takes half x float32 products
-                stack.enter_context(HalfProducts())
+                stack.enter_context(HalfProducts(_half_products_taken))
             token = capturing.set(outcome.ctx)
             stack.callback(capturing.reset, token)
             loop = stack.enter_context(implicit_loop_program.recording())
@@ -188,6 +188,13 @@ def _traced_function(step_fn, backend, call: Call, layout: _Layout, outcome: _Ou
         outcome.loop, loop_outs = loop.finish(inputs, outs, outcome.grad_out, micro)
         return new_state + [leaves[i].grad for i in outcome.grad_out] + outs + loop_outs
     return step
+
+
+def _half_products_taken(names):
+    # Eager PyTorch refuses these products: say once that this run takes them.
+    inform(f"a CSX step multiplies half-precision tensors with float32 ones "
+           f"({', '.join(sorted(names))}), which eager PyTorch refuses; as a CSX compile "
+           f"does, the float32 operands are rounded to the half dtype first", once=True)
 
 
 def _trace(step_fn, backend, call, layout, outcome, micro):

@@ -144,7 +144,7 @@ class _HalfActivationsFloat32Weights(torch.nn.Module):
         return self.gate(self.up(x).to(torch.float16)).float().softmax(-1)
 
 
-def test_a_csx_step_takes_half_by_float32_products_in_the_half_dtype(monkeypatch):
+def test_a_csx_step_takes_half_by_float32_products_in_the_half_dtype(monkeypatch, capsys):
     # level 0: float32 products in float32, as the eager reference computes them
     monkeypatch.setattr(cstorch.backends.csx.precision, "optimization_level", 0)
     torch.manual_seed(0)
@@ -182,6 +182,9 @@ def test_a_csx_step_takes_half_by_float32_products_in_the_half_dtype(monkeypatch
         assert abs(loss - eager_loss.item()) <= 1e-5 * abs(eager_loss.item())
     for name, p in reference.named_parameters():
         torch.testing.assert_close(model.state_dict()[name], p.detach(), rtol=1e-5, atol=1e-6)
+    # eager would have refused: the run says what it did instead
+    assert "multiplies half-precision tensors with float32 ones (linear)" in \
+        capsys.readouterr().err
 
 
 def test_a_cpu_step_refuses_half_by_float32_products_as_eager_does():
