@@ -14,6 +14,7 @@ from jax import monitoring
 import cerebras.pytorch as cstorch
 import wafer
 from cerebras.pytorch.utils.data import DataExecutor, DataLoader
+from tests.models import classifier_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _xla_compiles = [0]
@@ -105,13 +106,7 @@ def test_drop_data_needs_a_checkpoint_and_then_trains_like_the_saved_run(tmp_pat
     compiled = cstorch.compile(model, backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-    @cstorch.trace
-    def step(x, y):
-        loss = F.cross_entropy(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = classifier_step(compiled, optimizer)
 
     with pytest.raises(RuntimeError, match="drop_data=True.*no value: model.0.weight, model.0.bias"):
         step(x, y)

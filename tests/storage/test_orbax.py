@@ -7,11 +7,11 @@ import sys
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
 from cstorch.storage import load_orbax, save_orbax, save_tree_orbax
 from tests.conftest import ROOT
+from tests.models import classifier_step
 
 
 def _run(width=16, layers=1, seed=0):
@@ -24,13 +24,7 @@ def _run(width=16, layers=1, seed=0):
     compiled = cstorch.compile(model)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-    @cstorch.trace
-    def step(x, y):
-        loss = F.cross_entropy(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = classifier_step(compiled, optimizer)
 
     return backend, model, optimizer, step
 

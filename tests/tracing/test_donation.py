@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import bridge
 import cerebras.pytorch as cstorch
 from cstorch.tracing.capture import KEEP_MIN_BYTES
+from tests.models import classifier_step
 
 TOL = 1e-4
 
@@ -37,13 +38,7 @@ def _train(optimizer_name, kwargs, steps=4):
     compiled = cstorch.compile(model, backend)
     optimizer = getattr(cstorch.optim, optimizer_name)(model.parameters(), **kwargs)
 
-    @cstorch.trace
-    def step(x, y):
-        loss = F.cross_entropy(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = classifier_step(compiled, optimizer)
 
     ref_opt = getattr(cstorch.optim, optimizer_name)(reference.parameters(), **kwargs)
     gen = torch.Generator().manual_seed(1)

@@ -4,12 +4,12 @@ stay the loader's host tensors; on accelerators they are uploaded as device tens
 path these tests take on the CPU by making the executor upload (`uploads` fixture)."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
 import cstorch.utils.data.executor as executor_module
 from bridge.device_tensor import DeviceTensor
 from cerebras.pytorch.utils.data import DataExecutor, DataLoader
+from tests.models import classifier_step
 
 
 @pytest.fixture(params=["host", "upload"])
@@ -53,13 +53,7 @@ def _step():
     compiled = cstorch.compile(model)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-    @cstorch.trace
-    def step(x, y):
-        loss = F.cross_entropy(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = classifier_step(compiled, optimizer)
     return step
 
 
