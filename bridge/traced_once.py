@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.overrides import TorchFunctionMode
 
 from bridge.node_marks import BLOCK, IN_BACKWARD
 
@@ -115,43 +115,107 @@ def _current_block():
     return (fx_traceback.get_current_meta().get("custom") or {}).get(BLOCK)
 
 
-# nn.Module's own attributes, and the forward `stand_ins` sets on each layer.
-_MODULE_OWN = frozenset(vars(torch.nn.Module())) | {"forward"}
-
-
-def _attributes(module) -> list:
-    """(where, value) of every attribute of `module` and its submodules that a copy of
-    another layer's ops would take from that layer instead: what `find_runs` compared
-    (plain values, tensors' shapes) aside, tensors kept outside the parameters and
-    buffers, containers, callables."""
-    return [(f"{name or 'the layer'}: attribute {key!r}", value)
-            for name, m in module.named_modules(remove_duplicate=False)
-            for key, value in sorted(vars(m).items()) if key not in _MODULE_OWN]
-
-
 def _same(a, b) -> bool:
+    """Whether two plain (not tensor) values are equal for all a layer can do with them."""
     if a is b:
         return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (type(a) is type(b) is torch.Tensor and a.shape == b.shape
-                and a.dtype == b.dtype):
-            return False
-        # two host tensors the layers hold: compared as values, outside the capture
-        with torch._C.DisableTorchFunction(), _disable_current_modes():
-            return torch.equal(a, b)
     try:
         return type(a) is type(b) and bool(a == b)
     except Exception:   # values that cannot say whether they are equal
         return False
 
 
-def _differing(first: list, other: list) -> str | None:
-    if [w for w, _ in first] != [w for w, _ in other]:
-        return "the set of its attributes"
-    for (where, a), (_, b) in zip(first, other):
-        if not _same(a, b):
-            return where
-    return None
+class _Calls(TorchFunctionMode):
+    """The torch calls a layer's Python code makes, each told apart by the function, its
+    plain arguments and where each tensor argument comes from: the layer's j-th input
+    ("in", j), the p-th tensor result of its i-th call ("call", i, p), or else the object
+    itself (a tensor the layer holds outside its parameters and buffers, a global). A
+    result that is a tensor seen before (`x.to(x.dtype)` is `x`) keeps where it came from."""
+
+    def __init__(self, inputs):
+        super().__init__()
+        self.where = {id(t): ("in", j) for j, t in enumerate(inputs)}
+        self.objects = {("in", j): t for j, t in enumerate(inputs)}
+        self.count = 0
+
+    def describe(self, tree):
+        leaves, spec = pytree.tree_flatten(tree)
+        return spec, [self.where.get(id(x), ("object", id(x))) if isinstance(x, torch.Tensor)
+                      else x for x in leaves]
+
+    def fresh(self, t, p):
+        self.where[id(t)] = ("call", self.count, p)
+        self.objects[self.where[id(t)]] = t
+
+
+def _shown(leaves) -> str:
+    text = ", ".join(repr(x) if not isinstance(x, tuple) else
+                     ("tensor " + "/".join(map(str, x)) if x[0] != "object" else "a tensor")
+                     for x in leaves)
+    return f"({text[:200]})"
+
+
+class _Recording(_Calls):
+    """The first layer's calls, made as usual and written down: (function, arguments'
+    spec and leaves, result, and for each tensor of the result where it came from if it
+    is not new)."""
+
+    def __init__(self, inputs):
+        super().__init__(inputs)
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        seen = []
+        for p, t in enumerate(pytree.tree_leaves(out)):
+            known = self.where.get(id(t)) if isinstance(t, torch.Tensor) else None
+            seen.append(known)
+            if isinstance(t, torch.Tensor) and known is None:
+                self.fresh(t, p)
+        self.calls.append((func, *self.describe((args, kwargs)), out, seen))
+        self.count += 1
+        return out
+
+
+class _Replay(_Calls):
+    """A later layer's calls checked against the first layer's, each answered with the
+    first layer's result instead of being traced: where every call is the same, the
+    layer's ops are the first layer's ops on its own inputs."""
+
+    def __init__(self, inputs, recording: _Recording, name: str):
+        super().__init__(inputs)
+        self.recording, self.name = recording, name
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        calls = self.recording.calls
+        i = self.count
+        if i >= len(calls) or calls[i][0] != func:   # a getter is a new object each time
+            raise NotTracedOnce(f"{self.name} makes other torch calls than the first layer "
+                                f"(call {i + 1}: {getattr(func, '__name__', func)})")
+        _, spec, leaves, out, seen = calls[i]
+        got_spec, got = self.describe((args, kwargs or {}))
+        differs = got_spec != spec or len(got) != len(leaves)
+        for a, b in zip(got, leaves):
+            if differs:
+                break
+            differs = not (a == b if isinstance(a, tuple) else _same(a, b))
+        if differs:
+            raise NotTracedOnce(f"{self.name} calls {getattr(func, '__name__', func)} with "
+                                f"other arguments than the first layer (call {i + 1}: "
+                                f"{_shown(got)} against {_shown(leaves)})")
+        results, out_spec = pytree.tree_flatten(out)
+        given = []
+        for p, (t, known) in enumerate(zip(results, seen)):
+            if known is not None:
+                t = self.objects[known]   # this layer's own tensor of that place
+            elif isinstance(t, torch.Tensor):
+                self.fresh(t, p)
+            given.append(t)
+        self.count += 1
+        if all(known is None for known in seen):
+            return out   # as it is: rebuilt, a torch.Size would come back a tuple
+        return pytree.tree_unflatten(given, out_spec)
 
 
 def _tensors_of(module) -> list:
@@ -164,11 +228,27 @@ def _tensors_of(module) -> list:
 
 
 class _First:
-    """What the first layer of a run was called with and returned."""
+    """The first layer of a run: its call's spec and tensors, its torch calls, and its
+    result's spec, plain values and where its tensors come from."""
 
-    def __init__(self, spec, plain, in_metas, out_spec, out_plain, out_metas):
-        self.spec, self.plain, self.in_metas = spec, plain, in_metas
-        self.out_spec, self.out_plain, self.out_metas = out_spec, out_plain, out_metas
+    def __init__(self, spec, in_metas, recording, out_spec, out_plain, out_where):
+        self.spec, self.in_metas, self.recording = spec, in_metas, recording
+        self.out_spec, self.out_plain, self.out_where = out_spec, out_plain, out_where
+
+
+def _run(forward, spec, plain, inputs, places, tensors, mode):
+    """`forward` on `inputs` (in the places of a call's tensors) with the layer's own
+    tensors at `places` swapped for `tensors` while it runs, under `mode`."""
+    args, kwargs = _join(spec, plain, inputs)
+    before = [table[key] for table, key in places]
+    for (table, key), t in zip(places, tensors):
+        table[key] = t
+    try:
+        with mode:
+            return forward(*args, **kwargs)
+    finally:
+        for (table, key), t in zip(places, before):
+            table[key] = t
 
 
 _TENSOR = object()   # a tensor's place among a call's leaves
@@ -194,7 +274,6 @@ class Session:
     def __init__(self, runs):
         self.runs = runs
         self.first: dict = {}     # run index -> _First
-        self.attributes: dict = {}    # run index -> its first layer's `_attributes`
 
     def _call(self, r, k, module, forward, args, kwargs):
         run = self.runs[r]
@@ -209,42 +288,38 @@ class Session:
             if r in self.first:
                 raise NotTracedOnce(f"{run.layer_name(0)} was called twice in the step")
             marked = _Boundary.apply(r * 4 + _IN, r * 4 + _IN_GRAD, *inputs, *state)
-            given_in, given_state = marked[:len(inputs)], marked[len(inputs):]
-            for (table, key), t in zip(places, given_state):
-                table[key] = t
-            self.attributes[r] = _attributes(module)
-            args, kwargs = _join(spec, plain, given_in)
             versions = [t._version for t in marked]
-            try:
-                result = forward(*args, **kwargs)
-            finally:
-                for (table, key), t in zip(places, state):
-                    table[key] = t
+            recording = _Recording(marked)
+            result = _run(forward, spec, plain, marked[:len(inputs)], places,
+                          marked[len(inputs):], recording)
             if [t._version for t in marked] != versions:
                 # the write would reach the identity op's copy, not the tensor itself
                 raise NotTracedOnce(f"{run.layer_name(0)} writes in place into its argument "
                                     f"or its own tensor (a running statistic, say)")
             outs, out_spec, out_plain = _split(result)
-            outs_marked = _Boundary.apply(r * 4 + _OUT, r * 4 + _OUT_GRAD, *outs)
-            self.first[r] = _First(spec, plain, metas, out_spec, out_plain,
-                                   [_meta(o) for o in outs])
+            self.first[r] = _First(spec, metas, recording, out_spec, out_plain,
+                                   recording.describe(outs)[1])
             _METAS[self._key(r)] = ([_meta(o) + (_differentiable(o),) for o in outs],
                                     [m[:3] + (_differentiable(t),)
                                      for m, t in zip(metas, inputs + state)])
+            outs_marked = _Boundary.apply(r * 4 + _OUT, r * 4 + _OUT_GRAD, *outs)
             return _join(out_spec, out_plain, list(outs_marked))
         first = self.first.get(r)
         if first is None:
             raise NotTracedOnce(f"{run.layer_name(k)} was called before {run.layer_name(0)}")
-        if spec != first.spec or plain != first.plain:
-            raise NotTracedOnce(f"{run.layer_name(k)} was called with other arguments than "
-                                f"{run.layer_name(0)}")
-        if metas != first.in_metas:
-            raise NotTracedOnce(f"{run.layer_name(k)} was given tensors of other shapes, "
-                                f"dtypes or requires_grad than {run.layer_name(0)}")
-        differs = _differing(self.attributes[r], _attributes(module))
-        if differs:
-            raise NotTracedOnce(f"{run.layer_name(k)}: {differs} differs from "
-                                f"{run.layer_name(0)}'s")
+        if spec != first.spec or metas != first.in_metas:
+            raise NotTracedOnce(f"{run.layer_name(k)} was given other tensors (shapes, dtypes, "
+                                f"requires_grad) or arguments than {run.layer_name(0)}")
+        # Its Python code runs, its torch calls answered from the first layer's: equal
+        # calls (plain arguments included, such as a layer index) mean equal ops.
+        replay = _Replay(inputs + state, first.recording, run.layer_name(k))
+        result = _run(forward, spec, plain, inputs, (), (), replay)
+        outs, out_spec, out_plain = _split(result)
+        if (replay.count != len(first.recording.calls) or out_spec != first.out_spec
+                or replay.describe(outs)[1] != first.out_where
+                or not all(_same(a, b) for a, b in zip(out_plain, first.out_plain))):
+            raise NotTracedOnce(f"{run.layer_name(k)} computes otherwise than "
+                                f"{run.layer_name(0)} (its torch calls or its results differ)")
         outs = _LayerCopy.apply(self._key(r), k, *inputs, *state)
         return _join(first.out_spec, first.out_plain, list(outs))
 
@@ -330,7 +405,9 @@ def _expand_run(graph, run, key, r, by_tag, layers, grads):
     body = set(forward)
     for n in forward:
         for a in n.all_input_nodes:
-            if a not in body and a not in entered and order[a] > order[enter]:
+            # a constant's node is made where it is first used, and reads nothing
+            if a not in body and a not in entered and a.op == "call_function" \
+                    and order[a] > order[enter]:
                 raise NotTracedOnce(f"{run.layer_name(0)} reads a value made after it began "
                                     f"({a.name})")
     grad_in, grad_out = by_tag.get(r * 4 + _OUT_GRAD), by_tag.get(r * 4 + _IN_GRAD)
