@@ -34,6 +34,7 @@ from bridge.errors import (GRADIENT_OF, CaptureError, DataDependentShapeError,
 from bridge.lower import check_lowerable
 from bridge.node_marks import ENGINE, GRADIENT_OP, IN_BACKWARD
 from bridge.ops.recurrent import route as route_recurrent
+from bridge.traced_once import NotTracedOnce
 from bridge.user_line import (NO_USER_FRAME, anchor_stack_traces, stack_trace, user_code,
                               with_user_line)
 
@@ -125,7 +126,7 @@ class _CaptureMode(TorchFunctionMode):
             raise DataDependentShapeError(_data_dependent(func, e)) from None
         except DataDependentOutputException:
             raise TensorValueReadError(_value_read(_name_of(func), self.hint)) from None
-        except CaptureError:
+        except (CaptureError, NotTracedOnce):
             raise
         except Exception as e:
             # Where eager PyTorch refuses the call too, its own words say what is wrong.
@@ -351,7 +352,8 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
             value_read_hint: str = "Read values after the step instead.",
             check_lowerings: bool = True, tensor_hook=None, user_fn: Callable | None = None,
             library: Sequence[str] = (),
-            extra_decompositions: dict | None = None) -> fx.GraphModule:
+            extra_decompositions: dict | None = None,
+            graph_pass: Callable[[fx.GraphModule], None] | None = None) -> fx.GraphModule:
     """Trace ``fn(*inputs) -> sequence of tensors`` into a functional core-ATen graph.
 
     `inputs` give shapes and dtypes only; `fn` runs on fake tensors (functional tensors over
@@ -374,7 +376,9 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     function passes the user's) or of the code it calls, skipping frames of the standard
     library, of installed packages, of bridge and of the folders in `library`.
     `extra_decompositions` ({op overload: function}) are used in place of the table's own
-    rules and of the ops' lowerings (`cstorch.register_decomposition`).
+    rules and of the ops' lowerings (`cstorch.register_decomposition`). `graph_pass`
+    rewrites the traced graph in place before it is cleaned up and checked
+    (`bridge.traced_once`).
     """
     requires_grad = list(requires_grad or [False] * len(inputs))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -418,6 +422,8 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
             if node.meta.get("stack_trace") == NO_USER_FRAME:
                 del node.meta["stack_trace"]
         _point_gradients_at_forward(graph)
+        if graph_pass is not None:
+            graph_pass(graph)
         _drop_profiler_ops(graph)
         graph.graph.eliminate_dead_code()
         graph.recompile()

@@ -136,7 +136,24 @@ def marked(runs: list):
         for handle in handles:
             handle.remove()
         while open_marks:
-            open_marks.pop()[1].__exit__(None, None, None)
+            _close(open_marks.pop()[1])
+
+
+def _close(mark):
+    """Close a mark left open by an error raised inside its layer. By then the capture
+    has put the node meta it annotated back as it was, so the mark may find its key gone."""
+    try:
+        mark.__exit__(None, None, None)
+    except KeyError:
+        pass
+
+
+def unmark(gm):
+    """Take the `BLOCK` marks off `gm`'s nodes (layers that are not to loop)."""
+    for node in gm.graph.nodes:
+        custom = node.meta.get("custom")
+        if custom and BLOCK in custom:
+            node.meta["custom"] = {k: v for k, v in custom.items() if k != BLOCK}
 
 
 def block_of(node) -> tuple | None:

@@ -198,6 +198,13 @@ class Performance(_FlagGroup):
       are the same, dropout masks included. Part of the program key; set while
       `scan_blocks` is off (or where the layers cannot loop) it warns at the capture that
       it has no effect.
+    - `trace_blocks_once` (default True; every backend): the capture traces the first of
+      structurally identical modules applied one after another and gives the others
+      copies of its ops, forward and gradients, so a deep model's capture takes about as
+      long as a shallow one's; the program is the one tracing every layer gives. Layers
+      that cannot be copied (called with other arguments, or whose ops reach outside the
+      layer) are traced one by one, the reason logged at INFO (logger `cstorch`).
+      False traces every layer. Part of the program key (`docs/scan-blocks.md`).
     """
     _flags = {
         "micro_batch_size": ("auto", _micro_batch_size),
@@ -205,6 +212,7 @@ class Performance(_FlagGroup):
         "compress_weights": (False, _bool),
         "scan_blocks": (False, _bool),
         "scan_blocks_remat": (False, _bool),
+        "trace_blocks_once": (True, _bool),
     }
     _inert = {"transfer_processes": "data moves to the devices in this process"}
 

@@ -27,7 +27,7 @@ import wafer
 from bridge.device_tensor import GradSource
 from bridge.half_products import HalfProducts
 from bridge.precision import matmul_policy
-from bridge import repeated_blocks
+from bridge import repeated_blocks, traced_once
 from cstorch import decompositions
 from cstorch.backend.process_group import global_shape
 from cstorch.backends import csx
@@ -197,45 +197,66 @@ def _half_products_taken(names):
            f"does, the float32 operands are rounded to the half dtype first", once=True)
 
 
-def _trace(step_fn, backend, call, layout, outcome, micro):
-    """The step's ATen graph, traced on stand-ins with torch's refusals in place."""
+def _trace(step_fn, backend, call, layout, outcome, micro, once=True):
+    """The step's ATen graph, traced on stand-ins with torch's refusals in place; with
+    `once`, the layers of each run of identical layers after the first are not traced but
+    copied from it (`bridge.traced_once`)."""
     state = backend.state
     shapes = layout.specs(backend)
     if micro is not None:
         shapes = micro.capture_shapes(shapes, len(shapes) - len(layout.tensors))
     requires_grad = state.grad_flags() + [False] * (len(shapes) - len(layout.cells))
-    # Identical layers are marked for the lowering to loop over (bridge.scan_blocks).
-    runs = []
+    runs, looped = _identical_layers(state, micro)
+    on_host = {id(opt) for opt in backend.optimizers if not opt.on_device}
+    hook = register_optimizer_step_pre_hook(refuse_optimizers(on_host))
+    once = runs if once and csx.performance.trace_blocks_once else []
+    try:
+        return _trace_with(step_fn, backend, call, layout, outcome, micro, shapes,
+                           requires_grad, runs, once, looped)
+    finally:
+        hook.remove()
+
+
+def _identical_layers(state, micro):
+    """(runs of identical layers, whether they loop): found when a run is traced once
+    (`trace_blocks_once`) or lowered as one loop (`scan_blocks`)."""
     performance = csx.performance
-    if performance.scan_blocks:
+    looped = performance.scan_blocks
+    if looped:
         unlooped = ("a micro-batched step" if micro is not None else
                     "debug.check_finite is on" if csx.debug.check_finite else None)
-        if unlooped is None:
-            runs = repeated_blocks.find_runs(state.named_modules())
-        else:
+        if unlooped is not None:
+            looped = False
             flags = "scan_blocks and scan_blocks_remat have" if performance.scan_blocks_remat \
                 else "scan_blocks has"
             warnings.warn(f"cstorch.backends.csx.performance.{flags} no effect here: "
-                          f"{unlooped}, whose layers are compiled one by one", stacklevel=2)
+                          f"{unlooped}, whose layers are compiled one by one", stacklevel=3)
     elif performance.scan_blocks_remat:
         warnings.warn("cstorch.backends.csx.performance.scan_blocks_remat has no effect while "
                       "scan_blocks is False: only the layers of a loop are rematerialised; set "
-                      "scan_blocks = True as well", stacklevel=2)
-    on_host = {id(opt) for opt in backend.optimizers if not opt.on_device}
-    hook = register_optimizer_step_pre_hook(refuse_optimizers(on_host))
-    try:
-        # Errors raised while the step runs (value reads, refusals) keep the user's frames
-        # in their traceback and name the user's line.
-        with refuse_torch_schedulers(), refuse_torch_grad_scaler(), register_unseen_modules(), \
-                repeated_blocks.marked(runs):
-            return bridge.capture(
-                _traced_function(step_fn, backend, call, layout, outcome, micro), shapes,
-                requires_grad, value_read_hint=VALUE_READ_HINT,
-                tensor_hook=stray_tensor_hook(state, outcome.traced, outcome.constants),
-                user_fn=step_fn, library=_LIBRARY,
-                extra_decompositions=decompositions.table_for(backend.backend_type))
-    finally:
-        hook.remove()
+                      "scan_blocks = True as well", stacklevel=3)
+    if not (looped or performance.trace_blocks_once):
+        return [], False
+    return repeated_blocks.find_runs(state.named_modules()), looped
+
+
+def _trace_with(step_fn, backend, call, layout, outcome, micro, shapes, requires_grad, runs,
+                once, looped):
+    state = backend.state
+    # Errors raised while the step runs (value reads, refusals) keep the user's frames
+    # in their traceback and name the user's line.
+    with refuse_torch_schedulers(), refuse_torch_grad_scaler(), register_unseen_modules(), \
+            repeated_blocks.marked(runs), traced_once.stand_ins(once) as session:
+        graph = bridge.capture(
+            _traced_function(step_fn, backend, call, layout, outcome, micro), shapes,
+            requires_grad, value_read_hint=VALUE_READ_HINT,
+            tensor_hook=stray_tensor_hook(state, outcome.traced, outcome.constants),
+            user_fn=step_fn, library=_LIBRARY,
+            extra_decompositions=decompositions.table_for(backend.backend_type),
+            graph_pass=session.expand if once else None)
+    if runs and not looped:
+        repeated_blocks.unmark(graph)
+    return graph
 
 
 def _lower(graph, backend, layout, outcome, micro):
@@ -302,7 +323,12 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None, like=()) -> Pr
     state.sync()
     layout = _Layout.of(backend, call)
     outcome = _Outcome()
-    graph = _trace(step_fn, backend, call, layout, outcome, micro)
+    try:
+        graph = _trace(step_fn, backend, call, layout, outcome, micro)
+    except traced_once.NotTracedOnce as e:
+        log.info("identical layers are traced one by one: %s", e)
+        outcome = _Outcome()
+        graph = _trace(step_fn, backend, call, layout, outcome, micro, once=False)
     _write_graph(graph, backend.artifacts_dir, name)
     if like and micro is None and outcome.loop is None:
         traced = Program(

@@ -12,7 +12,7 @@ import difflib
 _PARTS = ("arguments", "state layout", "train/eval modes", "requires_grad flags",
           "optimizer settings", "micro-batch size", "precision optimization level",
           "check_finite", "check_indices", "default dtype and CPU autocast dtype",
-          "scan_blocks", "scan_blocks_remat")
+          "scan_blocks", "scan_blocks_remat", "trace_blocks_once")
 
 
 def _describe_arguments(old, new) -> list:

@@ -53,7 +53,8 @@ class ProgramCache:
                # torch's own settings the capture follows, as eager PyTorch would
                (torch.get_default_dtype(),
                 torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")),
-               csx.performance.scan_blocks, csx.performance.scan_blocks_remat)
+               csx.performance.scan_blocks, csx.performance.scan_blocks_remat,
+               csx.performance.trace_blocks_once)
         return key, values
 
     def _groups(self, backend):

@@ -1,0 +1,246 @@
+"""Identical layers traced once (bridge.traced_once): the capture runs the first layer's
+Python code only, and the program equals the one that tracing every layer gives, forward,
+gradients and dropout masks included; layers it cannot copy are traced one by one."""
+import copy
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import cerebras.pytorch as cstorch
+from tests.bridge.test_scan_blocks import VOCAB, Block, Model, _batches, _loss
+from tests.models import rel_err
+
+csx = cstorch.backends.csx
+
+
+class Counted(Block):
+    """A Block counting the calls of its Python forward."""
+    calls = 0
+
+    def forward(self, x):
+        type(self).calls += 1
+        return super().forward(x)
+
+
+def _train(model, once, batches, optimizer="adamw"):
+    before = csx.performance.trace_blocks_once
+    csx.performance.trace_blocks_once = once
+    try:
+        cstorch.backend("CPU")
+        compiled = cstorch.compile(model)
+        opt = (cstorch.optim.AdamW(model.parameters(), lr=1e-2) if optimizer == "adamw"
+               else cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+
+        @cstorch.trace
+        def step(tokens):
+            loss = _loss(compiled, tokens)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+
+        losses = [float(step(b)) for b in batches]
+    finally:
+        csx.performance.trace_blocks_once = before
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _blocks(layers, p=0.0):
+    return [Counted(p=p) for _ in range(layers)]
+
+
+def test_the_first_layer_is_traced_and_the_program_equals_tracing_every_layer():
+    """Dropout on: both captures draw every layer's own masks in the same order, so three
+    AdamW steps give the same losses and weights bit for bit; only the first layer's
+    Python forward runs while the step is captured once (4 layers: 1 call, not 4)."""
+    torch.manual_seed(0)
+    model = Model(blocks=_blocks(4, p=0.2))
+    twin = copy.deepcopy(model)
+    batches = _batches()
+    Counted.calls = 0
+    once, once_state = _train(model, True, batches)
+    calls_once = Counted.calls
+    Counted.calls = 0
+    every, every_state = _train(twin, False, batches)
+    assert calls_once == 1 and Counted.calls == 4
+    assert once == every
+    for name, value in once_state.items():
+        assert torch.equal(value, every_state[name]), name
+
+
+def test_a_model_traced_once_trains_as_eager_pytorch():
+    torch.manual_seed(1)
+    model = Model(blocks=_blocks(3))
+    reference = copy.deepcopy(model)
+    batches = _batches()
+    got, state = _train(model, True, batches, optimizer="sgd")
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for b, loss in zip(batches, got):
+        expected = _loss(reference, b)
+        opt.zero_grad()
+        expected.backward()
+        opt.step()
+        assert rel_err(loss, float(expected.detach())) < 1e-5
+    for name, value in reference.state_dict().items():
+        assert rel_err(state[name], value) < 1e-4, name
+
+
+class Flagged(Block):
+    """A Block taking a per-layer flag: the layers' calls differ."""
+
+    def forward(self, x, scale=1.0):
+        return super().forward(x) * scale
+
+
+class FlaggedModel(Model):
+    def forward(self, idx):
+        x = self.tok(idx)
+        for k, block in enumerate(self.blocks):
+            x = block(x, scale=1.0 + 0.1 * k)
+        return self.head(self.ln(x))
+
+
+class Peeking(Block):
+    """A Block keeping an intermediate that the model reads after the layers."""
+
+    def forward(self, x):
+        self.kept = x * 2
+        return super().forward(x)
+
+
+class PeekingModel(Model):
+    def forward(self, idx):
+        x = self.tok(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x + self.blocks[0].kept))
+
+
+class Scaled(Block):
+    """A Block holding a host tensor outside its parameters and buffers."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return super().forward(x) * self.scale
+
+
+class Normed(nn.Module):
+    """A layer whose BatchNorm writes its running statistics in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.norm = nn.Linear(8, 8), nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        return self.norm(self.fc(x)).relu() + x
+
+
+def _model(case):
+    if case == "flag":
+        return FlaggedModel(blocks=[Flagged() for _ in range(3)])
+    if case == "peek":
+        return PeekingModel(blocks=[Peeking() for _ in range(3)])
+    if case == "host tensor":
+        return Model(blocks=[Scaled(torch.full((16,), 1.0 + k / 4)) for k in range(3)])
+    if case == "raw input":
+        return nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    return nn.Sequential(nn.Linear(8, 8), Normed(), Normed())
+
+
+@pytest.mark.parametrize("case, why", [
+    ("flag", "was called with other arguments than model.blocks.0"),
+    ("peek", "is read outside it"),
+    ("host tensor", "model.blocks.1: the layer: attribute 'scale' differs"),
+    ("raw input", "other shapes, dtypes or requires_grad"),
+    ("running statistics", "writes in place into its argument or its own tensor"),
+])
+def test_layers_that_cannot_be_copied_are_traced_one_by_one(case, why, caplog):
+    """Each case is traced layer by layer, says why at INFO, and trains as eager does
+    (a copy of the first layer's ops would compute another function: another flag or
+    scale, a lost running-statistics update, no gradient for the layer's input)."""
+    torch.manual_seed(2)
+    model = _model(case)
+    sequential = isinstance(model, nn.Sequential)
+    reference = copy.deepcopy(model)
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+
+    def loss_of(net, x):
+        if sequential:
+            return net(x).pow(2).mean()
+        return _loss(net, x)
+
+    @cstorch.trace
+    def step(x):
+        loss = loss_of(compiled, x)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    batches = [torch.randn(4, 8) for _ in range(3)] if sequential else _batches()
+    with caplog.at_level(logging.INFO, logger="cstorch"):
+        for b in batches:
+            got = float(step(b))
+            expected = loss_of(reference, b)
+            ref_opt.zero_grad()
+            expected.backward()
+            ref_opt.step()
+            assert rel_err(got, float(expected.detach())) < 1e-5
+    for name, value in reference.state_dict().items():   # running statistics included
+        assert rel_err(model.state_dict()[name], value) < 1e-5, name
+    said = [r.getMessage() for r in caplog.records
+            if "identical layers are traced one by one" in r.getMessage()]
+    assert said and why in said[0], said
+
+
+class Failing(Block):
+    def forward(self, x):
+        raise ValueError("the layer's own error")
+
+
+def test_an_error_inside_a_layer_is_the_users_own():
+    """The capture's marks around the layer are closed cleanly: the user's error reaches
+    the caller as it was raised."""
+    cstorch.backend("CPU")
+    model = cstorch.compile(Model(blocks=[Failing() for _ in range(2)]))
+
+    @cstorch.trace
+    def step(tokens):
+        return _loss(model, tokens)
+
+    with pytest.raises(ValueError, match="the layer's own error"):
+        step(_batches(1)[0])
+
+
+def test_the_setting_is_part_of_the_program_key():
+    """Turning trace_blocks_once off captures again, every layer traced."""
+    torch.manual_seed(3)
+    cstorch.backend("CPU")
+    model = cstorch.compile(Model(blocks=_blocks(3)))
+
+    @cstorch.trace
+    def step(tokens):
+        return F.cross_entropy(model(tokens[:, :-1]).reshape(-1, VOCAB),
+                               tokens[:, 1:].reshape(-1))
+
+    tokens = _batches(1)[0]
+    before = csx.performance.trace_blocks_once
+    try:
+        Counted.calls = 0
+        first = float(step(tokens))
+        assert Counted.calls == 1
+        csx.performance.trace_blocks_once = False
+        second = float(step(tokens))
+        assert Counted.calls == 4
+    finally:
+        csx.performance.trace_blocks_once = before
+    assert first == second
