@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 import torch
+from jax import lax
 import torch.fx as fx
 
 aten = torch.ops.aten
@@ -104,10 +105,23 @@ def bounds(node: fx.Node, args, kwargs, op_name: str, frame, seen: set):
         seen.add((id(index), size, low))
         index = jnp.asarray(index)
         safe = 0 if size > 0 else low
-        values.append(jnp.stack([jnp.min(index, initial=safe).astype(jnp.int32),
-                                 jnp.max(index, initial=safe).astype(jnp.int32)]))
+        values.append(_smallest_and_largest(index, safe))
         checks.append(IndexCheck(op_name, int(dim), int(size), int(low), where))
     return checks, values
+
+
+def _smallest_and_largest(index, initial):
+    """[min, max] of `index` and `initial` as int32, from one reduction: XLA compiles one
+    kernel for it where a min and a max took one each. XLA may apply a reduction's start
+    value any number of times, so it must be the identity; `initial` is taken in after."""
+    flat = index.reshape(-1)
+    info = jnp.iinfo(flat.dtype)
+    low, high = lax.reduce((flat, flat), (jnp.asarray(info.max, flat.dtype),
+                                          jnp.asarray(info.min, flat.dtype)),
+                           lambda a, b: (lax.min(a[0], b[0]), lax.max(a[1], b[1])), (0,))
+    start = jnp.asarray(initial, flat.dtype)
+    return jnp.stack([lax.min(low, start).astype(jnp.int32),
+                      lax.max(high, start).astype(jnp.int32)])
 
 
 def _user_line(frame) -> str:

@@ -14,6 +14,7 @@ schedulers alike. A tensor found at an entry that is not one of the run's device
 is adopted: uploaded into a cell and replaced by a device tensor of it.
 """
 import dataclasses
+import sys
 import weakref
 from dataclasses import dataclass
 
@@ -103,6 +104,9 @@ class TrackedTable(dict):
 
 class RunState:
     """Every state cell of a backend, its entries, and the names that key them."""
+
+    # Read through the class: at interpreter exit this module's globals may already be gone.
+    _exiting = staticmethod(sys.is_finalizing)
 
     def __init__(self, backend):
         self.backend = backend
@@ -221,7 +225,13 @@ class RunState:
     # models the user dropped -----------------------------------------------------------
     def _owner_dropped(self):
         """A model, optimizer, metric or holder was collected: its state goes now, or
-        when the state is no longer in use. Called from the garbage collector."""
+        when the state is no longer in use. Called from the garbage collector.
+
+        Not at interpreter exit: every owner goes then and the process frees all. Rebuilding
+        the state once per owner would allocate while modules are torn down, and the
+        collections that triggers call JAX's callback after JAX's own module is cleared."""
+        if self._exiting():
+            return
         self._owner_died = True
         if not self.in_use.depth:
             self.drop_dead()

@@ -177,3 +177,17 @@ def test_a_bad_index_in_the_last_step_of_a_loop_raises_when_the_loop_ends():
     with pytest.raises(IndexOutOfRangeError, match="index 11 is out of bounds"):
         for b in cstorch.utils.data.DataExecutor(loader, num_steps=3):
             step(**b)
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (3,), (), (0, 4)])
+def test_the_bounds_are_the_smallest_and_largest_index_with_the_initial_value(shape):
+    """One reduction gives both bounds: the min and max of the indices and the initial
+    value (which an empty index array leaves alone), in the program as on the host."""
+    import numpy as np
+    from bridge.index_checks import _smallest_and_largest
+    rng = np.random.default_rng(0)
+    index = rng.integers(-40, 90, size=shape).astype(np.int32)
+    got = jax.jit(lambda x: _smallest_and_largest(x, 0))(index)
+    values = np.append(index.reshape(-1), 0)
+    assert got.dtype == np.int32
+    assert got.tolist() == [int(values.min()), int(values.max())]
