@@ -7,7 +7,9 @@ first step is a true first step (imports done, nothing compiled or cached):
   jax-scan: the same with its layers in one `jax.lax.scan` over stacked weights;
 - cstorch: a `@cstorch.trace` step on the CPU backend with identical layers looped
   (`cstorch.backends.csx.performance.scan_blocks = True`); cstorch-unrolled: the same
-  with `scan_blocks = False` (the default).
+  with `scan_blocks = False` (the default); cstorch-trace-all: unrolled, and every layer
+  traced (`trace_blocks_once = False`; by default a run of identical layers is traced
+  once, `docs/scan-blocks.md`).
 
 Each process times its first step (wall time, the loss read on the host), then the
 median of `--steps` more. Run: python -m benchmarks.depth [--quick] [--layers 2,8]
@@ -25,7 +27,8 @@ import time
 from benchmarks._report import write_section
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEERS = ("eager", "torch-compile", "jax", "jax-scan", "cstorch", "cstorch-unrolled")
+PEERS = ("eager", "torch-compile", "jax", "jax-scan", "cstorch", "cstorch-unrolled",
+         "cstorch-trace-all")
 FULL = {"layers": (2, 8, 24, 48), "dim": 256, "seq": 128, "batch": 4, "steps": 5}
 QUICK = {"layers": (2, 8), "dim": 64, "seq": 32, "batch": 4, "steps": 2}
 VOCAB, HEADS = 1000, 4
@@ -64,6 +67,7 @@ def _cstorch_peer(peer, model):
     import cerebras.pytorch as cstorch
     from examples.train_gpt import next_token_loss
     cstorch.backends.csx.performance.scan_blocks = peer == "cstorch"
+    cstorch.backends.csx.performance.trace_blocks_once = peer != "cstorch-trace-all"
     cstorch.backend("CPU")
     compiled = cstorch.compile(model)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-8, weight_decay=0.01)

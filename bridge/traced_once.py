@@ -4,16 +4,19 @@ Tracing a step costs about the same for every op it makes, so a model of 24 iden
 decoder layers takes about 12 times as long to capture as one of 2. While `stand_ins`
 is active, the first layer of each run (`bridge.repeated_blocks`) runs as usual between
 identity ops that name what enters and leaves it (its inputs and tensors, its results)
-and, under autograd, the gradients that enter and leave its backward; every later layer
-runs as one op (`layer`) whose gradient is one op (`layer_grad`). `expand` then puts a
-copy of the first layer's forward ops in place of each `layer` op and a copy of its
-gradient ops in place of each `layer_grad` op, and drops the identity ops: the graph is
-the one that tracing every layer gives, node for node and in the same order (random ops
-included, so every layer still draws its own keys).
+and, under autograd, the gradients that enter and leave its backward; its torch calls
+are recorded. Every later layer's Python code runs with its torch calls checked against
+the first layer's and answered from them, untraced; where all match, it computes what
+the first layer computes, and it enters the graph as one op (`layer`) whose gradient is
+one op (`layer_grad`). `expand` then puts a copy of the first layer's forward ops in
+place of each `layer` op and a copy of its gradient ops in place of each `layer_grad`
+op, and drops the identity ops: the graph is the one that tracing every layer gives,
+node for node and in the same order (random ops included, so every layer still draws
+its own keys).
 
-Whatever the copies could not reproduce raises `NotTracedOnce` (a layer called with
-other arguments or shapes than the first, called twice, out of order, or whose ops
-reach outside it); the caller then traces every layer, saying why at INFO.
+Whatever the copies could not reproduce raises `NotTracedOnce` (a layer whose calls or
+tensors differ from the first's, called twice or out of order, writing into its inputs,
+or whose ops reach outside it); the caller then traces every layer, saying why at INFO.
 """
 import contextlib
 import operator
@@ -228,10 +231,12 @@ def _tensors_of(module) -> list:
 
 
 class _First:
-    """The first layer of a run: its call's spec and tensors, its torch calls, and its
-    result's spec, plain values and where its tensors come from."""
+    """A layer traced as usual, which later layers' calls are copies of: its index among
+    the session's (`t`), its run and layer, its call's spec and tensors, its torch calls,
+    and its result's spec, plain values and where its tensors come from."""
 
-    def __init__(self, spec, in_metas, recording, out_spec, out_plain, out_where):
+    def __init__(self, t, run, k, spec, in_metas, recording, out_spec, out_plain, out_where):
+        self.t, self.run, self.k = t, run, k
         self.spec, self.in_metas, self.recording = spec, in_metas, recording
         self.out_spec, self.out_plain, self.out_where = out_spec, out_plain, out_where
 
@@ -273,7 +278,11 @@ class Session:
 
     def __init__(self, runs):
         self.runs = runs
-        self.first: dict = {}     # run index -> _First
+        self.firsts: list = []      # _First of every layer traced as usual, in order
+        self.copies: list = []      # (_First, layer) of every layer call made a copy
+
+    def _key(self, t):
+        return id(self) * 1024 + t
 
     def _call(self, r, k, module, forward, args, kwargs):
         run = self.runs[r]
@@ -284,51 +293,54 @@ class Session:
         state = [table[key] for table, key in places]
         inputs, spec, plain = _split((args, kwargs))
         metas = [_meta(t) + (t.requires_grad,) for t in inputs + state]
-        if k == 0:
-            if r in self.first:
-                raise NotTracedOnce(f"{run.layer_name(0)} was called twice in the step")
-            marked = _Boundary.apply(r * 4 + _IN, r * 4 + _IN_GRAD, *inputs, *state)
-            versions = [t._version for t in marked]
-            recording = _Recording(marked)
-            result = _run(forward, spec, plain, marked[:len(inputs)], places,
-                          marked[len(inputs):], recording)
-            if [t._version for t in marked] != versions:
-                # the write would reach the identity op's copy, not the tensor itself
-                raise NotTracedOnce(f"{run.layer_name(0)} writes in place into its argument "
-                                    f"or its own tensor (a running statistic, say)")
-            outs, out_spec, out_plain = _split(result)
-            self.first[r] = _First(spec, metas, recording, out_spec, out_plain,
-                                   recording.describe(outs)[1])
-            _METAS[self._key(r)] = ([_meta(o) + (_differentiable(o),) for o in outs],
-                                    [m[:3] + (_differentiable(t),)
-                                     for m, t in zip(metas, inputs + state)])
-            outs_marked = _Boundary.apply(r * 4 + _OUT, r * 4 + _OUT_GRAD, *outs)
-            return _join(out_spec, out_plain, list(outs_marked))
-        first = self.first.get(r)
+        first = next((f for f in reversed(self.firsts)
+                      if f.run is run and f.spec == spec and f.in_metas == metas), None)
         if first is None:
-            raise NotTracedOnce(f"{run.layer_name(k)} was called before {run.layer_name(0)}")
-        if spec != first.spec or metas != first.in_metas:
-            raise NotTracedOnce(f"{run.layer_name(k)} was given other tensors (shapes, dtypes, "
-                                f"requires_grad) or arguments than {run.layer_name(0)}")
+            # the first layer of the run, or one taking other tensors than those before
+            # (the first layer of an nn.Sequential often takes an input without gradient)
+            return self._trace(r, k, forward, places, state, inputs, spec, plain, metas)
         # Its Python code runs, its torch calls answered from the first layer's: equal
         # calls (plain arguments included, such as a layer index) mean equal ops.
+        first_name = run.layer_name(first.k)
         replay = _Replay(inputs + state, first.recording, run.layer_name(k))
         result = _run(forward, spec, plain, inputs, (), (), replay)
         outs, out_spec, out_plain = _split(result)
         if (replay.count != len(first.recording.calls) or out_spec != first.out_spec
                 or replay.describe(outs)[1] != first.out_where
                 or not all(_same(a, b) for a, b in zip(out_plain, first.out_plain))):
-            raise NotTracedOnce(f"{run.layer_name(k)} computes otherwise than "
-                                f"{run.layer_name(0)} (its torch calls or its results differ)")
-        outs = _LayerCopy.apply(self._key(r), k, *inputs, *state)
+            raise NotTracedOnce(f"{run.layer_name(k)} computes otherwise than {first_name} "
+                                f"(its torch calls or its results differ)")
+        self.copies.append((first, k))
+        outs = _LayerCopy.apply(self._key(first.t), len(self.copies) - 1, *inputs, *state)
         return _join(first.out_spec, first.out_plain, list(outs))
 
-    def _key(self, r):
-        return id(self) * 1024 + r
+    def _trace(self, r, k, forward, places, state, inputs, spec, plain, metas):
+        """The layer traced as usual between identity ops, its torch calls recorded."""
+        run, t = self.runs[r], len(self.firsts)
+        if t >= 1024:
+            raise NotTracedOnce(f"{run.layer_name(k)} was called with other tensors than "
+                                f"each of a thousand layer calls traced before it")
+        marked = _Boundary.apply(t * 4 + _IN, t * 4 + _IN_GRAD, *inputs, *state)
+        versions = [x._version for x in marked]
+        recording = _Recording(marked)
+        result = _run(forward, spec, plain, marked[:len(inputs)], places,
+                      marked[len(inputs):], recording)
+        if [x._version for x in marked] != versions:
+            # the write would reach the identity op's copy, not the tensor itself
+            raise NotTracedOnce(f"{run.layer_name(k)} writes in place into its argument or "
+                                f"its own tensor (a running statistic, say)")
+        outs, out_spec, out_plain = _split(result)
+        self.firsts.append(_First(t, run, k, spec, metas, recording, out_spec, out_plain,
+                                  recording.describe(outs)[1]))
+        _METAS[self._key(t)] = ([_meta(o) + (_differentiable(o),) for o in outs],
+                                [m[:3] + (_differentiable(x),)
+                                 for m, x in zip(metas, inputs + state)])
+        outs_marked = _Boundary.apply(t * 4 + _OUT, t * 4 + _OUT_GRAD, *outs)
+        return _join(out_spec, out_plain, list(outs_marked))
 
     def expand(self, gm: fx.GraphModule):
-        """Each `layer` and `layer_grad` op of `gm` replaced by copies of its run's first
-        layer's ops, and the boundary ops dropped."""
+        """Each `layer` and `layer_grad` op of `gm` replaced by copies of the ops of the
+        layer it copies, and the boundary ops dropped."""
         try:
             self._expand(gm.graph)
         except NotTracedOnce:
@@ -348,20 +360,20 @@ class Session:
                      torch.ops.bridge_once.layer_grad.default: grads}.get(node.target)
             if table is None:
                 continue
-            key = node.args[1] if table is by_tag else tuple(node.args[1:])
+            key = node.args[1] if table is by_tag else node.args[2]
             if key in table:
                 # backward() run twice over the layers (retain_graph): copies of one
                 # gradient pass cannot stand for both
                 raise NotTracedOnce("the step differentiates the layers more than once")
             table[key] = node
-        for r, run in enumerate(self.runs):
-            if r in self.first:
-                _expand_run(graph, run, self._key(r), r, by_tag, layers, grads)
+        for first in self.firsts:
+            copies = [(c, k) for c, (f, k) in enumerate(self.copies) if f is first]
+            if copies:
+                _expand_copies(graph, first, copies, by_tag, layers, grads)
         for node in reversed(list(graph.nodes)):
             if node.op == "call_function" and node.target is torch.ops.bridge_once.boundary.default:
                 _bypass(node)
-        left = [n for n in graph.nodes if n.op == "call_function"
-                and getattr(n.target, "namespace", None) == "bridge_once"]
+        left = [n for n in graph.nodes if n.op == "call_function" and _ours(n)]
         if left:
             raise NotTracedOnce(f"{len(left)} of its ops were left without a copy")
 
@@ -379,6 +391,11 @@ def _bypass(node):
     node.graph.erase_node(node)
 
 
+def _ours(node) -> bool:
+    """Whether `node` is one of this module's ops (a later call of the same layer, say)."""
+    return getattr(node.target, "namespace", None) == "bridge_once"
+
+
 def _block(node):
     return (node.meta.get("custom") or {}).get(BLOCK)
 
@@ -394,23 +411,30 @@ def _ancestors(nodes) -> set:
     return seen
 
 
-def _expand_run(graph, run, key, r, by_tag, layers, grads):
-    label = run.label
+def _expand_copies(graph, first, copies, by_tag, layers, grads):
+    """The copies (copy index, layer) of `first`: each `layer` op replaced by its forward
+    nodes, each `layer_grad` op by its gradient nodes."""
+    run, t, label = first.run, first.t, first.run.label
+    name = run.layer_name(first.k)
     order = {n: i for i, n in enumerate(graph.nodes)}
-    enter, leave = by_tag[r * 4 + _IN], by_tag[r * 4 + _OUT]
+    enter, leave = by_tag[t * 4 + _IN], by_tag[t * 4 + _OUT]
     entered = set(_outputs(enter).values())
     boundaries = {enter, leave} | entered | set(_outputs(leave).values())
-    forward = [n for n in graph.nodes if n.op == "call_function" and _block(n) == (label, 0)
-               and not (n.meta.get("custom") or {}).get(IN_BACKWARD) and n not in boundaries]
+    # The ops its call made lie between the two identity ops (a layer traced twice, on
+    # other tensors each time, has the same mark on both calls' ops).
+    forward = [n for n in graph.nodes if n.op == "call_function" and _block(n) == (label, first.k)
+               and order[enter] < order[n] < order[leave]
+               and not (n.meta.get("custom") or {}).get(IN_BACKWARD) and n not in boundaries
+               and not _ours(n) and not (n.target is operator.getitem and _ours(n.args[0]))]
     body = set(forward)
     for n in forward:
         for a in n.all_input_nodes:
             # a constant's node is made where it is first used, and reads nothing
             if a not in body and a not in entered and a.op == "call_function" \
                     and order[a] > order[enter]:
-                raise NotTracedOnce(f"{run.layer_name(0)} reads a value made after it began "
+                raise NotTracedOnce(f"{name} reads a value made after it began "
                                     f"({a.name})")
-    grad_in, grad_out = by_tag.get(r * 4 + _OUT_GRAD), by_tag.get(r * 4 + _IN_GRAD)
+    grad_in, grad_out = by_tag.get(t * 4 + _OUT_GRAD), by_tag.get(t * 4 + _IN_GRAD)
     backward = []
     if grad_in is not None and grad_out is not None:
         before = (_ancestors([grad_in]) | set(forward) | {grad_out}
@@ -419,26 +443,25 @@ def _expand_run(graph, run, key, r, by_tag, layers, grads):
                     if order[n] > order[grad_in] and n.op == "call_function"]
         backward.sort(key=order.__getitem__)
     elif (grad_in is None) != (grad_out is None):
-        raise NotTracedOnce(f"the gradients of {run.layer_name(0)} do not all pass through it")
+        raise NotTracedOnce(f"the gradients of {name} do not all pass through it")
     inner = body | set(backward)
     allowed = inner | {leave, grad_out} | set(_outputs(grad_in).values() if grad_in else ())
     for n in forward + backward:
         stray = [u for u in n.users if u not in allowed]
         if stray:
-            raise NotTracedOnce(f"a value {run.layer_name(0)} computes is read outside it "
+            raise NotTracedOnce(f"a value {name} computes is read outside it "
                                 f"({stray[0].name}), which copies of its ops cannot give")
     entered_at = {item: j for j, item in _outputs(enter).items()}
     grads_at = {item: j for j, item in _outputs(grad_in).items()} if grad_in else {}
-    for (rr, k), node in sorted(layers.items()):
-        if rr != key:
-            continue
+    for c, k in copies:
+        node = layers[c]
         env = {item: node.args[0][j] for item, j in entered_at.items()}
         _copy(graph, forward, env, node, (label, k))
         for j, item in _outputs(node).items():
             item.replace_all_uses_with(env.get(leave.args[0][j], leave.args[0][j]))
             graph.erase_node(item)
         graph.erase_node(node)
-        grad_node = grads.get((key, k))
+        grad_node = grads.get(c)
         if grad_node is None:
             continue
         env.update({item: grad_node.args[0][j] for item, j in grads_at.items()})
