@@ -30,15 +30,15 @@ from torch.overrides import TorchFunctionMode
 from bridge.node_marks import BLOCK, IN_BACKWARD
 
 _LIB = torch.library.Library("bridge_once", "DEF")
-# `tag` is (session's run index) * 4 + role, or a layer's (run, layer) packed the same way.
+# A boundary's `tag` is (index of the layer traced as usual) * 4 + what it stands between;
+# a copy's ops take the traced layer's key (`Session._key`) and the copy's index.
 _LIB.define("boundary(Tensor[] xs, int tag) -> Tensor[]")
-_LIB.define("layer(Tensor[] xs, int run, int layer) -> Tensor[]")
-_LIB.define("layer_grad(Tensor[] grads, int run, int layer) -> Tensor[]")
+_LIB.define("layer(Tensor[] xs, int first, int copy) -> Tensor[]")
+_LIB.define("layer_grad(Tensor[] grads, int first, int copy) -> Tensor[]")
 
-# What a boundary op stands between, for one run's first layer.
 _IN, _OUT, _OUT_GRAD, _IN_GRAD = range(4)
-# The metadata the fake implementations give their results: {run: (output metas, input
-# metas)} of the session being traced.
+# The metadata the fake implementations give a copy's results, by traced layer's key:
+# (its results', its inputs') (shape, stride, dtype, has a gradient).
 _METAS: dict = {}
 
 
@@ -61,16 +61,13 @@ def _boundary_fake(xs, tag):
 
 
 @torch.library.register_fake("bridge_once::layer")
-def _layer_fake(xs, run, layer):
-    return [_fresh(m) for m in _METAS[run][0]]
-
-
-
+def _layer_fake(xs, first, copy):
+    return [_fresh(m) for m in _METAS[first][0]]
 
 
 @torch.library.register_fake("bridge_once::layer_grad")
-def _layer_grad_fake(grads, run, layer):
-    return [_fresh(m) for m in _METAS[run][1] if m[3]]
+def _layer_grad_fake(grads, first, copy):
+    return [_fresh(m) for m in _METAS[first][1] if m[3]]
 
 
 def _differentiable(t: torch.Tensor) -> bool:
@@ -97,20 +94,20 @@ class _Boundary(torch.autograd.Function):
 
 
 class _LayerCopy(torch.autograd.Function):
-    """A later layer of a run: one op, and one op for its gradient."""
+    """A layer call copying a traced one: one op, and one op for its gradient."""
 
     @staticmethod
-    def forward(ctx, run, layer, *xs):
-        ctx.run, ctx.layer = run, layer
+    def forward(ctx, first, copy, *xs):
+        ctx.first, ctx.copy = first, copy
         ctx.differentiable = [_differentiable(x) for x in xs]
-        outs = torch.ops.bridge_once.layer(list(xs), run, layer)
-        ctx.mark_non_differentiable(*[o for o, m in zip(outs, _METAS[run][0]) if not m[3]])
+        outs = torch.ops.bridge_once.layer(list(xs), first, copy)
+        ctx.mark_non_differentiable(*[o for o, m in zip(outs, _METAS[first][0]) if not m[3]])
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
-        taken = [g for g, m in zip(grads, _METAS[ctx.run][0]) if m[3]]
-        given = iter(torch.ops.bridge_once.layer_grad(taken, ctx.run, ctx.layer))
+        taken = [g for g, m in zip(grads, _METAS[ctx.first][0]) if m[3]]
+        given = iter(torch.ops.bridge_once.layer_grad(taken, ctx.first, ctx.copy))
         return (None, None, *[next(given) if d else None for d in ctx.differentiable])
 
 
@@ -483,18 +480,15 @@ def _copy(graph, nodes, env, where, block):
 
 @contextlib.contextmanager
 def stand_ins(runs):
-    """While active, the layers of `runs` after the first of each run are traced as one op
-    each; yields the `Session` whose `expand` the traced graph goes through."""
+    """While active, a call of a layer of `runs` that is like one traced before it (the
+    same tensors, the same torch calls) is not traced but taken as one op; yields the
+    `Session` whose `expand` the traced graph goes through."""
     session = Session(runs)
     patched = []
     for r, run in enumerate(runs):
         for k, module in enumerate(run.modules):
-            original = module.forward
-
-            def forward(*args, _r=r, _k=k, _m=module, _f=original, **kwargs):
-                return session._call(_r, _k, _m, _f, args, kwargs)
-            patched.append((module, "forward" in vars(module), original))
-            module.forward = forward
+            patched.append((module, "forward" in vars(module), module.forward))
+            module.forward = _routed(session, r, k, module, module.forward)
     try:
         yield session
     finally:
@@ -503,5 +497,11 @@ def stand_ins(runs):
                 module.forward = original
             else:
                 del module.forward
-        for r in range(len(runs)):
-            _METAS.pop(session._key(r), None)
+        for first in session.firsts:
+            _METAS.pop(session._key(first.t), None)
+
+
+def _routed(session, r, k, module, forward):
+    def routed(*args, **kwargs):
+        return session._call(r, k, module, forward, args, kwargs)
+    return routed

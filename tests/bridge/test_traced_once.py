@@ -38,14 +38,13 @@ def traced_calls(monkeypatch):
     return seen
 
 
-def _train(model, once, batches, optimizer="adamw"):
+def _train(model, once, batches):
     before = csx.performance.trace_blocks_once
     csx.performance.trace_blocks_once = once
     try:
         cstorch.backend("CPU")
         compiled = cstorch.compile(model)
-        opt = (cstorch.optim.AdamW(model.parameters(), lr=1e-2) if optimizer == "adamw"
-               else cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        opt = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
 
         @cstorch.trace
         def step(tokens):
@@ -63,6 +62,32 @@ def _train(model, once, batches, optimizer="adamw"):
 
 def _blocks(layers, p=0.0):
     return [Counted(p=p) for _ in range(layers)]
+
+
+def _trains_as_eager(model, batches, step_loss):
+    reference = copy.deepcopy(model)
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+
+    @cstorch.trace
+    def step(x):
+        loss = step_loss(compiled, x)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    for b in batches:
+        got = float(step(b))
+        expected = step_loss(reference, b)
+        ref_opt.zero_grad()
+        expected.backward()
+        ref_opt.step()
+        assert rel_err(got, float(expected.detach())) < 1e-5
+    for name, value in reference.state_dict().items():
+        assert rel_err(model.state_dict()[name], value) < 1e-4, name
 
 
 def test_the_first_layer_is_traced_and_the_program_equals_tracing_every_layer(
@@ -84,21 +109,10 @@ def test_the_first_layer_is_traced_and_the_program_equals_tracing_every_layer(
         assert torch.equal(value, every_state[name]), name
 
 
-def test_a_model_traced_once_trains_as_eager_pytorch():
+def test_a_model_traced_once_trains_as_eager_pytorch(traced_calls):
     torch.manual_seed(1)
-    model = Model(blocks=_blocks(3))
-    reference = copy.deepcopy(model)
-    batches = _batches()
-    got, state = _train(model, True, batches, optimizer="sgd")
-    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    for b, loss in zip(batches, got):
-        expected = _loss(reference, b)
-        opt.zero_grad()
-        expected.backward()
-        opt.step()
-        assert rel_err(loss, float(expected.detach())) < 1e-5
-    for name, value in reference.state_dict().items():
-        assert rel_err(state[name], value) < 1e-4, name
+    _trains_as_eager(Model(blocks=_blocks(3)), _batches(), _loss)
+    assert traced_calls["softmax"] == 1
 
 
 class Flagged(Block):
@@ -176,37 +190,12 @@ def test_layers_that_cannot_be_copied_are_traced_one_by_one(case, why, caplog):
     scale, a lost running-statistics update, no gradient for the layer's input)."""
     torch.manual_seed(2)
     model = _model(case)
-    sequential = isinstance(model, nn.Sequential)
-    reference = copy.deepcopy(model)
-    cstorch.backend("CPU")
-    compiled = cstorch.compile(model)
-    opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-
-    def loss_of(net, x):
-        if sequential:
-            return net(x).pow(2).mean()
-        return _loss(net, x)
-
-    @cstorch.trace
-    def step(x):
-        loss = loss_of(compiled, x)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-
-    batches = [torch.randn(4, 8) for _ in range(3)] if sequential else _batches()
+    if isinstance(model, nn.Sequential):
+        batches, loss = [torch.randn(4, 8) for _ in range(3)], lambda n, x: n(x).pow(2).mean()
+    else:
+        batches, loss = _batches(), _loss
     with caplog.at_level(logging.INFO, logger="cstorch"):
-        for b in batches:
-            got = float(step(b))
-            expected = loss_of(reference, b)
-            ref_opt.zero_grad()
-            expected.backward()
-            ref_opt.step()
-            assert rel_err(got, float(expected.detach())) < 1e-5
-    for name, value in reference.state_dict().items():   # running statistics included
-        assert rel_err(model.state_dict()[name], value) < 1e-5, name
+        _trains_as_eager(model, batches, loss)   # running statistics included
     said = [r.getMessage() for r in caplog.records
             if "identical layers are traced one by one" in r.getMessage()]
     assert said and why in said[0], said
@@ -276,20 +265,9 @@ def test_a_layer_index_that_changes_no_torch_call_is_traced_once(traced_calls):
     layer's ops are traced; the steps equal eager PyTorch's."""
     torch.manual_seed(4)
     model = IndexedModel(blocks=[Indexed() for _ in range(3)])
-    reference = copy.deepcopy(model)
-    batches = _batches()
-    got, state = _train(model, True, batches, optimizer="sgd")
+    _trains_as_eager(model, _batches(), _loss)
     assert traced_calls["softmax"] == 1
     assert [b.name for b in model.blocks] == [f"decoder_out_layer{k}" for k in range(3)]
-    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    for b, loss in zip(batches, got):
-        expected = _loss(reference, b)
-        opt.zero_grad()
-        expected.backward()
-        opt.step()
-        assert rel_err(loss, float(expected.detach())) < 1e-5
-    for name, value in reference.state_dict().items():
-        assert rel_err(state[name], value) < 1e-4, name
 
 
 class TwiceModel(Model):
@@ -308,32 +286,6 @@ class TwiceModel(Model):
         for block in self.blocks:
             y = block(y)
         return self.head(self.ln(y))
-
-
-def _trains_as_eager(model, batches, step_loss):
-    reference = copy.deepcopy(model)
-    cstorch.backend("CPU")
-    compiled = cstorch.compile(model)
-    opt = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-
-    @cstorch.trace
-    def step(x):
-        loss = step_loss(compiled, x)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-
-    for b in batches:
-        got = float(step(b))
-        expected = step_loss(reference, b)
-        ref_opt.zero_grad()
-        expected.backward()
-        ref_opt.step()
-        assert rel_err(got, float(expected.detach())) < 1e-5
-    for name, value in reference.state_dict().items():
-        assert rel_err(model.state_dict()[name], value) < 1e-4, name
 
 
 @pytest.mark.parametrize("shorter", [False, True])
