@@ -130,22 +130,58 @@ class _Calls(TorchFunctionMode):
     plain arguments and where each tensor argument comes from: the layer's j-th input
     ("in", j), the p-th tensor result of its i-th call ("call", i, p), or else the object
     itself (a tensor the layer holds outside its parameters and buffers, a global). A
-    result that is a tensor seen before (`x.to(x.dtype)` is `x`) keeps where it came from."""
+    result that is a tensor seen before (`x.to(x.dtype)` is `x`) keeps where it came from.
+    An `autograd.Function` applied is one call, told apart by its class and arguments
+    (its forward and backward are functions of them)."""
 
-    def __init__(self, inputs):
+    def __init__(self, inputs, name):
         super().__init__()
+        self.name = name
         self.where = {id(t): ("in", j) for j, t in enumerate(inputs)}
         self.objects = {("in", j): t for j, t in enumerate(inputs)}
         self.count = 0
+        self.hooks = torch._C._autograd._top_saved_tensors_default_hooks(True)
+
+    def check_hooks(self):
+        # Activation checkpointing swaps saved tensors for a recompute of the layer's
+        # Python in the backward pass, which copies of the traced ops cannot stand for.
+        if torch._C._autograd._top_saved_tensors_default_hooks(True) is not self.hooks:
+            raise NotTracedOnce(f"{self.name} runs under saved-tensor hooks (activation "
+                                f"checkpointing, say)")
 
     def describe(self, tree):
         leaves, spec = pytree.tree_flatten(tree)
         return spec, [self.where.get(id(x), ("object", id(x))) if isinstance(x, torch.Tensor)
                       else x for x in leaves]
 
-    def fresh(self, t, p):
-        self.where[id(t)] = ("call", self.count, p)
-        self.objects[self.where[id(t)]] = t
+    def produced(self, i, out, seen=None):
+        """Where the tensors of call i's result `out` come from (`seen`: as recorded),
+        and `out` with each tensor seen before replaced by this layer's own."""
+        results, spec = pytree.tree_flatten(out)
+        if seen is None:
+            # (an autograd.Function's results are its forward's, whose calls a replay skips)
+            seen = [_before(self.where.get(id(t)), i) if isinstance(t, torch.Tensor) else None
+                    for t in results]
+        given = []
+        for p, (t, known) in enumerate(zip(results, seen)):
+            if known is not None:
+                t = self.objects[known]
+            elif isinstance(t, torch.Tensor):
+                self.where[id(t)] = ("call", i, p)
+                self.objects[("call", i, p)] = t
+            given.append(t)
+        # as it is where nothing was replaced: rebuilt, a torch.Size would be a tuple
+        return seen, (out if all(k is None for k in seen) else
+                      pytree.tree_unflatten(given, spec))
+
+
+def _before(where, i):
+    """`where` if it names an input or a result of a call before call i, else None."""
+    return where if where is not None and (where[0] == "in" or where[1] < i) else None
+
+
+# Calls that change a global setting rather than make a tensor: replayed, they still run.
+_GLOBAL_STATE = {torch._C._set_grad_enabled}
 
 
 def _shown(leaves) -> str:
@@ -157,24 +193,26 @@ def _shown(leaves) -> str:
 
 class _Recording(_Calls):
     """The first layer's calls, made as usual and written down: (function, arguments'
-    spec and leaves, result, and for each tensor of the result where it came from if it
-    is not new)."""
+    spec and leaves, result, where each tensor of the result came from if it is not new,
+    the index of the next call: after an autograd.Function, the calls its forward made
+    are skipped when replayed)."""
 
-    def __init__(self, inputs):
-        super().__init__(inputs)
+    def __init__(self, inputs, name):
+        super().__init__(inputs, name)
         self.calls = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        seen = []
-        for p, t in enumerate(pytree.tree_leaves(out)):
-            known = self.where.get(id(t)) if isinstance(t, torch.Tensor) else None
-            seen.append(known)
-            if isinstance(t, torch.Tensor) and known is None:
-                self.fresh(t, p)
-        self.calls.append((func, *self.describe((args, kwargs)), out, seen))
+        return self.call(func, lambda: func(*args, **(kwargs or {})), args, kwargs or {})
+
+    def call(self, func, run, args, kwargs):
+        self.check_hooks()
+        i = self.count
+        spec, leaves = self.describe((args, kwargs))
+        self.calls.append(None)
         self.count += 1
+        out = run()
+        seen, _ = self.produced(i, out)
+        self.calls[i] = (func, spec, leaves, out, seen, self.count)
         return out
 
 
@@ -184,17 +222,21 @@ class _Replay(_Calls):
     layer's ops are the first layer's ops on its own inputs."""
 
     def __init__(self, inputs, recording: _Recording, name: str):
-        super().__init__(inputs)
-        self.recording, self.name = recording, name
+        super().__init__(inputs, name)
+        self.recording = recording
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        return self.call(func, None, args, kwargs or {})
+
+    def call(self, func, run, args, kwargs):
+        self.check_hooks()
         calls = self.recording.calls
         i = self.count
         if i >= len(calls) or calls[i][0] != func:   # a getter is a new object each time
             raise NotTracedOnce(f"{self.name} makes other torch calls than the first layer "
                                 f"(call {i + 1}: {getattr(func, '__name__', func)})")
-        _, spec, leaves, out, seen = calls[i]
-        got_spec, got = self.describe((args, kwargs or {}))
+        _, spec, leaves, out, seen, following = calls[i]
+        got_spec, got = self.describe((args, kwargs))
         differs = got_spec != spec or len(got) != len(leaves)
         for a, b in zip(got, leaves):
             if differs:
@@ -204,18 +246,21 @@ class _Replay(_Calls):
             raise NotTracedOnce(f"{self.name} calls {getattr(func, '__name__', func)} with "
                                 f"other arguments than the first layer (call {i + 1}: "
                                 f"{_shown(got)} against {_shown(leaves)})")
-        results, out_spec = pytree.tree_flatten(out)
-        given = []
-        for p, (t, known) in enumerate(zip(results, seen)):
-            if known is not None:
-                t = self.objects[known]   # this layer's own tensor of that place
-            elif isinstance(t, torch.Tensor):
-                self.fresh(t, p)
-            given.append(t)
-        self.count += 1
-        if all(known is None for known in seen):
-            return out   # as it is: rebuilt, a torch.Size would come back a tuple
-        return pytree.tree_unflatten(given, out_spec)
+        if func in _GLOBAL_STATE:
+            func(*args, **kwargs)   # a setting later Python may look at
+        self.count = following
+        return self.produced(i, out, seen)[1]
+
+
+_ACTIVE: list = []   # the _Calls of the layer call running, innermost last
+_APPLY = torch.autograd.Function.__dict__["apply"]
+
+
+def _apply(cls, *args, **kwargs):
+    """`autograd.Function.apply` while layers are traced once: one call of the layer."""
+    if not _ACTIVE or cls in (_Boundary, _LayerCopy):
+        return _APPLY.__func__(cls, *args, **kwargs)
+    return _ACTIVE[-1].call(cls, lambda: _APPLY.__func__(cls, *args, **kwargs), args, kwargs)
 
 
 def _tensors_of(module) -> list:
@@ -245,10 +290,12 @@ def _run(forward, spec, plain, inputs, places, tensors, mode):
     before = [table[key] for table, key in places]
     for (table, key), t in zip(places, tensors):
         table[key] = t
+    _ACTIVE.append(mode)
     try:
         with mode:
             return forward(*args, **kwargs)
     finally:
+        _ACTIVE.pop()
         for (table, key), t in zip(places, before):
             table[key] = t
 
@@ -300,7 +347,14 @@ class Session:
         # calls (plain arguments included, such as a layer index) mean equal ops.
         first_name = run.layer_name(first.k)
         replay = _Replay(inputs + state, first.recording, run.layer_name(k))
-        result = _run(forward, spec, plain, inputs, (), (), replay)
+        try:
+            result = _run(forward, spec, plain, inputs, (), (), replay)
+        except NotTracedOnce:
+            raise
+        except Exception as e:
+            # (an error of the layer's own is raised again when it is traced as usual)
+            raise NotTracedOnce(f"{run.layer_name(k)} could not be checked against "
+                                f"{first_name} ({type(e).__name__}: {e})") from e
         outs, out_spec, out_plain = _split(result)
         if (replay.count != len(first.recording.calls) or out_spec != first.out_spec
                 or replay.describe(outs)[1] != first.out_where
@@ -319,7 +373,7 @@ class Session:
                                 f"each of a thousand layer calls traced before it")
         marked = _Boundary.apply(t * 4 + _IN, t * 4 + _IN_GRAD, *inputs, *state)
         versions = [x._version for x in marked]
-        recording = _Recording(marked)
+        recording = _Recording(marked, run.layer_name(k))
         result = _run(forward, spec, plain, marked[:len(inputs)], places,
                       marked[len(inputs):], recording)
         if [x._version for x in marked] != versions:
@@ -484,6 +538,8 @@ def stand_ins(runs):
     same tensors, the same torch calls) is not traced but taken as one op; yields the
     `Session` whose `expand` the traced graph goes through."""
     session = Session(runs)
+    if runs:
+        torch.autograd.Function.apply = classmethod(_apply)
     patched = []
     for r, run in enumerate(runs):
         for k, module in enumerate(run.modules):
@@ -492,6 +548,7 @@ def stand_ins(runs):
     try:
         yield session
     finally:
+        torch.autograd.Function.apply = _APPLY
         for module, own, original in patched:
             if own:
                 module.forward = original

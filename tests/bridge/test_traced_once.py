@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from bridge.capture import _CaptureMode
 import cerebras.pytorch as cstorch
@@ -168,6 +169,17 @@ class Normed(nn.Module):
         return self.norm(self.fc(x)).relu() + x
 
 
+class Checkpointed(Block):
+    """A Block whose activations are recomputed in the backward pass."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        return checkpoint(super().forward, x, use_reentrant=self.reentrant)
+
+
 def _model(case):
     if case == "flag":
         return FlaggedModel(blocks=[Flagged() for _ in range(3)])
@@ -175,6 +187,8 @@ def _model(case):
         return PeekingModel(blocks=[Peeking() for _ in range(3)])
     if case == "host tensor":
         return Model(blocks=[Scaled(torch.full((16,), 1.0 + k / 4)) for k in range(3)])
+    if case in ("checkpoint", "reentrant checkpoint"):
+        return Model(blocks=[Checkpointed(case != "checkpoint") for _ in range(3)])
     return nn.Sequential(nn.Linear(8, 8), Normed(), Normed())
 
 
@@ -183,11 +197,14 @@ def _model(case):
     ("peek", "is read outside it"),
     ("host tensor", "calls mul with other arguments than the first layer"),
     ("running statistics", "writes in place into its argument or its own tensor"),
+    ("checkpoint", "runs under saved-tensor hooks"),
+    ("reentrant checkpoint", "calls CheckpointFunction with other arguments"),
 ])
 def test_layers_that_cannot_be_copied_are_traced_one_by_one(case, why, caplog):
     """Each case is traced layer by layer, says why at INFO, and trains as eager does
     (a copy of the first layer's ops would compute another function: another flag or
-    scale, a lost running-statistics update, no gradient for the layer's input)."""
+    scale, a lost running-statistics update, a value it cannot give, a backward pass that
+    runs the layer's Python again)."""
     torch.manual_seed(2)
     model = _model(case)
     if isinstance(model, nn.Sequential):
@@ -314,3 +331,65 @@ def test_a_first_layer_taking_another_input_is_traced_and_the_second_copied(trac
     _trains_as_eager(model, [torch.randn(4, 8) for _ in range(3)],
                      lambda net, x: net(x).pow(2).mean())
     assert traced_calls["linear"] == 2
+
+
+class GradModeReading(Block):
+    """A Block whose Python looks at the grad mode it sets (a later layer's `no_grad`
+    must take effect although its calls are not traced)."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            scale = 0.5 if not torch.is_grad_enabled() else 2.0
+        return super().forward(x) * scale
+
+
+def test_a_layer_setting_the_grad_mode_is_traced_once(traced_calls):
+    torch.manual_seed(7)
+    _trains_as_eager(Model(blocks=[GradModeReading() for _ in range(3)]), _batches(), _loss)
+    assert traced_calls["softmax"] == 1
+
+
+class ScaleFn(torch.autograd.Function):
+    """x * s with a hand-written gradient (as Model Zoo's rotary embedding has one)."""
+
+    @staticmethod
+    def forward(ctx, x, s):
+        ctx.s = s
+        return x * s
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.s, None
+
+
+class OwnGradient(Block):
+    def forward(self, x, s=0.5):
+        return ScaleFn.apply(super().forward(x), s)
+
+
+class OwnGradientModel(Model):
+    def __init__(self, per_layer, **kwargs):
+        super().__init__(**kwargs)
+        self.per_layer = per_layer
+
+    def forward(self, idx):
+        x = self.tok(idx)
+        for k, block in enumerate(self.blocks):
+            x = block(x, s=0.5 + 0.25 * k if self.per_layer else 0.5)
+        return self.head(self.ln(x))
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_an_autograd_function_in_a_layer_is_one_call(per_layer, traced_calls, caplog):
+    """Its forward and backward are functions of its class and arguments: with the same
+    arguments in every layer, the layers are copies (1 softmax traced); with a scale of
+    each layer's own, they are traced one by one, the Function named. Both train as eager."""
+    torch.manual_seed(8)
+    model = OwnGradientModel(per_layer, blocks=[OwnGradient() for _ in range(3)])
+    with caplog.at_level(logging.INFO, logger="cstorch"):
+        _trains_as_eager(model, _batches(), _loss)
+    said = [r.getMessage() for r in caplog.records if "traced one by one" in r.getMessage()]
+    if per_layer:
+        assert said and "calls ScaleFn with other arguments" in said[0], said
+    else:
+        assert traced_calls["softmax"] == 1 and not said
