@@ -27,7 +27,7 @@ from bridge import tensor_to_jax, to_jax_dtype
 from bridge.capture import with_user_line
 from bridge.convert import local_value, put_global
 from bridge.device_tensor import Absent, Cell, DeviceTensor, requires_grad_writes
-from wafer.host_memory import release_freed_host_memory
+from wafer.host_memory import fit_to_state, own_mappings, release_freed_host_memory
 from cstorch.errors import StepRefusedError
 from cstorch.metrics.metric import state_prefix
 from cstorch.run.capture_context import is_capturing
@@ -147,7 +147,7 @@ class RunState:
         `initial`: what is adopted is a model's or optimizer's initial state, which a
         drop_data backend drops (a loaded checkpoint, adopted later, is kept). `progress`
         (a tqdm bar) advances once per tensor adopted."""
-        with self.in_use:
+        with self.in_use, own_mappings():
             self._refresh(initial, progress)
 
     def _refresh(self, initial, progress):
@@ -221,6 +221,8 @@ class RunState:
         self.index = index
         if changed:
             self.version += 1
+            fit_to_state(sum(a.size * a.dtype.itemsize for a in self.arrays_list
+                             if not isinstance(a, Absent)))
 
     # models the user dropped -----------------------------------------------------------
     def _owner_dropped(self):

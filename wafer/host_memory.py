@@ -24,16 +24,33 @@ moved to the device (a model's parameters at compile, an optimizer's zeros when 
 made), under the training steps' own memory: a 153M-parameter GPT's training peaked at
 1.2x eager PyTorch's. `release_freed_host_memory()` gives every whole free page back
 (`malloc_trim`) once such a move freed enough to matter; the steps' buffers are mapped
-again by the first step after it and stay mapped. A user who sets any of glibc's malloc variables (`MALLOC_ARENA_MAX`,
-`MALLOC_MMAP_MAX_`, `MALLOC_TRIM_THRESHOLD_`, ..., or a `glibc.malloc.*` tunable in
-`GLIBC_TUNABLES`) keeps their own settings and neither function changes anything.
+again by the first step after it and stay mapped.
+
+Kept buffers cost more than the steps' own peak: one heap serves buffers of every size and
+lifetime, a request is served from any freed space it fits in before the heap grows, and
+where the holes fall depends on which thread allocates first. A 153M-parameter GPT's
+training (2.45 GB of weights, moments and gradients) peaked between 3.9 and 4.6 GB of
+resident memory in four runs of one script, eager PyTorch's at 3.7 GB, with never
+more than 3.2 GB allocated. So a run whose state reaches `LARGE_STATE_BYTES` trades the
+other way (`fit_to_state`): every buffer of `OWN_MAPPING_BYTES` or more gets its own
+mapping, returned to the system when it is freed, and its steps fault their buffers in
+afresh, as eager PyTorch's do. For that to hold, the heap must not already hold large
+freed space, which glibc would hand out first: the state is placed inside
+`own_mappings()`, where large buffers are mapped whatever the run's size, so that the
+host copies it frees leave no holes (docs/benchmarks.md has the measurements).
+
+A user who sets any of glibc's malloc variables (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_MAX_`,
+`MALLOC_TRIM_THRESHOLD_`, ..., or a `glibc.malloc.*` tunable in `GLIBC_TUNABLES`) keeps
+their own settings and no function here changes anything.
 """
+import contextlib
 import ctypes
 import os
 import sys
 
 # mallopt parameters, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 # The largest value mallopt takes (an int); free space beyond it at the heap's top is
@@ -43,8 +60,17 @@ _TRIM_THRESHOLD = 2**31 - 1
 _USER_SETTINGS = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
                   "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
+# glibc's default for M_MMAP_MAX: how many mappings it may hold at once.
+_MMAP_MAX = 65536
+# State from which memory outweighs the steps' page faults (see the module's docstring).
+LARGE_STATE_BYTES = 1 << 30
+# With a large state, buffers from this size on get their own mapping.
+OWN_MAPPING_BYTES = 1 << 20
+
 _applied: bool | None = None
 _one_arena: bool | None = None
+_own_mappings = False
+_placing = False
 
 
 def _glibc():
@@ -93,6 +119,47 @@ def keep_buffers_mapped() -> bool:
                             and libc.mallopt(_M_MMAP_MAX, 0)
                             and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
     return _applied
+
+
+def _map_large_buffers(on: bool):
+    libc = _glibc()
+    if on:
+        # A threshold set by mallopt stays where it is put (glibc otherwise raises it to
+        # the size of each mapped buffer freed, up to 32 MiB).
+        libc.mallopt(_M_MMAP_THRESHOLD, OWN_MAPPING_BYTES)
+    libc.mallopt(_M_MMAP_MAX, _MMAP_MAX if on else 0)
+
+
+def fit_to_state(state_bytes: int) -> bool:
+    """After the run's state changed to `state_bytes`: from `LARGE_STATE_BYTES` on, give
+    each buffer of `OWN_MAPPING_BYTES` or more its own mapping, unmapped when it is freed;
+    below, keep freed buffers for reuse again (see the module's docstring). Only where
+    `keep_buffers_mapped` is in force. Returns whether buffers get their own mappings."""
+    global _own_mappings
+    large = bool(_applied) and state_bytes >= LARGE_STATE_BYTES
+    if large != _own_mappings:
+        _own_mappings = large
+        if not _placing:
+            _map_large_buffers(large)
+    return _own_mappings
+
+
+@contextlib.contextmanager
+def own_mappings():
+    """Inside, every buffer of `OWN_MAPPING_BYTES` or more gets its own mapping, whatever
+    the run's size: for placing state, whose host copies are freed once the device holds
+    it (see the module's docstring). After, as `fit_to_state` last decided."""
+    global _placing
+    if not _applied or _placing:
+        yield
+        return
+    _placing = True
+    _map_large_buffers(True)
+    try:
+        yield
+    finally:
+        _placing = False
+        _map_large_buffers(_own_mappings)
 
 
 # Below this many bytes moved to the device at once, what a trim gives back is not worth

@@ -91,8 +91,11 @@ class Backend(metaclass=BackendMeta):
     A CPU or CSX backend, made before JAX's CPU client, asks glibc to keep freed buffers
     for reuse (`wafer.keep_buffers_mapped`), so that each step reuses its scratch memory
     instead of faulting fresh pages in; for that, importing cstorch already holds glibc to
-    one malloc arena (`wafer.host_memory.one_arena`). A user's own `MALLOC_*` variable or
-    `glibc.malloc.*` tunable leaves glibc as the user set it.
+    one malloc arena (`wafer.host_memory.one_arena`). A run whose state reaches 1 GiB
+    gives each buffer of 1 MiB or more its own mapping instead, returned when freed, so
+    that its peak memory is what it holds at once (`wafer.host_memory.fit_to_state`). A
+    user's own `MALLOC_*` variable or `glibc.malloc.*` tunable leaves glibc as the user
+    set it.
     On a CPU backend `mixed_precision=True` runs every compiled module's forward pass under
     `cstorch.amp.autocast()` (bfloat16 on the CPU).
     On a GPU backend `enable_distributed=True` makes a multi-process run, launched by

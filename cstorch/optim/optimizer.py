@@ -16,6 +16,7 @@ from torch.optim.optimizer import ParamsT  # noqa: F401  (the params type, re-ex
 from torch.utils.hooks import RemovableHandle
 
 from bridge.device_tensor import DeviceTensor
+from wafer.host_memory import own_mappings
 from cstorch.backend import current_or_cpu_backend
 
 
@@ -40,13 +41,16 @@ class Optimizer(torch.optim.Optimizer, ABC):
         self._zero_grad_pre_hooks = OrderedDict()
         self._zero_grad_post_hooks = OrderedDict()
         self.enable_global_step = enable_global_step
-        with torch.no_grad():
-            self.preinitialize()
-        self._add_global_steps()
-        self._backend = current_or_cpu_backend()
-        position = self._backend.optimizers.append(self)
-        self._prefix = "optimizer" if position == 0 else f"optimizer{position}"
-        self._backend.state.refresh(initial=True)
+        # The state is made on the host and moved to the device: its host copies in
+        # mappings of their own leave no freed space behind (`wafer.host_memory`).
+        with own_mappings():
+            with torch.no_grad():
+                self.preinitialize()
+            self._add_global_steps()
+            self._backend = current_or_cpu_backend()
+            position = self._backend.optimizers.append(self)
+            self._prefix = "optimizer" if position == 0 else f"optimizer{position}"
+            self._backend.state.refresh(initial=True)
 
     def _add_global_steps(self):
         """With `enable_global_step`, each parameter's state ends with its ``step``

@@ -592,6 +592,9 @@ class _CountingLibc:
         self.trims += 1
         return 1
 
+    def mallopt(self, param, value):   # placing state maps large buffers (own_mappings)
+        return 1
+
 
 def test_state_moved_to_the_device_gives_the_freed_host_copies_back(monkeypatch):
     """Moving 64 MiB or more of state to the device at once trims the heap; less does not

@@ -1,5 +1,7 @@
 """wafer.keep_buffers_mapped: a CPU backend's steps reuse host memory instead of faulting
-fresh pages in every step; the user's own glibc settings win."""
+fresh pages in every step, unless the run's state is large (`fit_to_state`); the state's
+host copies leave no freed space in the heap (`own_mappings`); the user's own glibc
+settings win."""
 import json
 import os
 import subprocess
@@ -15,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # A step whose intermediate (a 64 MB cumulative sum, feeding two reductions) lives in the
 # program's scratch buffer, allocated and freed by every call.
 STEPS = r"""
-import ctypes, json, resource
+import ctypes, json, os, resource
 import torch
 import cerebras.pytorch as cstorch
 import wafer
@@ -27,6 +29,10 @@ x, w = torch.randn(4096, 4096), torch.randn(4096, 16)
 y = torch.cumsum(x, 0)
 expected = float((y @ w).sum() + y.tanh().sum())
 backend = cstorch.backend("CPU")
+if os.environ.get("LARGE_STATE_BYTES"):
+    # A state this large or larger makes the run return its buffers.
+    wafer.host_memory.LARGE_STATE_BYTES = int(os.environ["LARGE_STATE_BYTES"])
+    held = cstorch.compile(torch.nn.Linear(8, 8), backend)
 
 @cstorch.trace
 def step(x, w):
@@ -43,7 +49,8 @@ for _ in range(16):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     float(step(x, w))
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(json.dumps({"applied": wafer.keep_buffers_mapped(), "faults": sorted(faults)[8], "all": faults}))
+print(json.dumps({"applied": wafer.keep_buffers_mapped(), "faults": sorted(faults)[8], "all": faults,
+                  "own_mappings": wafer.host_memory._own_mappings}))
 ctypes.CDLL("libc.so.6").malloc_stats()   # to stderr: a section per arena
 """
 
@@ -76,6 +83,93 @@ def test_cpu_steps_reuse_their_buffers_unless_the_user_set_malloc():
     # of their own, which XLA's threads are later handed in turn with the main one.
     assert tuned["arenas"] == 1, tuned
     assert untouched["arenas"] > 1, untouched
+    assert not tuned["own_mappings"] and not untouched["own_mappings"]
+
+
+@pytest.mark.skipif(host_memory._glibc() is None, reason="glibc's mallopt is Linux/glibc only")
+def test_a_run_with_a_large_state_returns_its_steps_buffers():
+    large = _run({"LARGE_STATE_BYTES": "64"})
+    assert large["applied"] and large["own_mappings"], large
+    # The 64 MB intermediate is mapped and unmapped every call, as with glibc's defaults,
+    # in the one arena still.
+    assert large["faults"] > 0.8 * 2**26 / os.sysconf("SC_PAGE_SIZE"), large
+    assert large["arenas"] == 1, large
+
+
+# An optimizer's state is made on the host and moved to the device: neither copy may be
+# left in the heap, where the host copies' freed space would serve later buffers first.
+PLACEMENT = r"""
+import ctypes, json
+import torch
+import cerebras.pytorch as cstorch
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+backend = cstorch.backend("CPU")
+model = cstorch.compile(torch.nn.Linear(2048, 2048), backend)
+before = libc.mallinfo2()
+optimizer = cstorch.optim.Adam(model.parameters())
+after = libc.mallinfo2()
+print(json.dumps({"heap_growth": after.arena - before.arena,
+                  "mapped_growth": after.hblkhd - before.hblkhd}))
+"""
+
+
+@pytest.mark.skipif(host_memory._glibc() is None, reason="glibc's mallopt is Linux/glibc only")
+def test_an_optimizers_state_is_placed_in_mappings_of_its_own():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    env.update({"JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT})
+    proc = subprocess.run([sys.executable, "-c", PLACEMENT], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    state = 2 * (2048 * 2048 + 2048) * 4   # Adam's two moments
+    # The device's moments stay mapped; the host's zeros were mapped and are gone.
+    assert got["mapped_growth"] >= state, got
+    # (The heap grows by about 5 MB of other allocations.)
+    assert got["heap_growth"] < state / 2, got
+
+
+def test_fit_to_state_maps_large_buffers_from_the_bound_on(monkeypatch):
+    calls = []
+
+    class Libc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(host_memory, "_glibc", Libc)
+    monkeypatch.setattr(host_memory, "_applied", True)
+    monkeypatch.setattr(host_memory, "_own_mappings", False)
+    bound = host_memory.LARGE_STATE_BYTES
+    mmap_max = host_memory._M_MMAP_MAX
+    assert host_memory.fit_to_state(bound - 1) is False and calls == []
+    assert host_memory.fit_to_state(bound) is True
+    assert calls[-1] == (mmap_max, host_memory._MMAP_MAX)
+    assert (host_memory._M_MMAP_THRESHOLD, host_memory.OWN_MAPPING_BYTES) in calls
+    # Placing state maps large buffers whatever the run's size; leaving, the run's
+    # own choice holds again, also one made while placing.
+    assert host_memory.fit_to_state(bound - 1) is False and calls[-1] == (mmap_max, 0)
+    with host_memory.own_mappings():
+        assert calls[-1] == (mmap_max, host_memory._MMAP_MAX)
+        host_memory.fit_to_state(bound)
+        assert calls[-1] == (mmap_max, host_memory._MMAP_MAX)
+    assert calls[-1] == (mmap_max, host_memory._MMAP_MAX)
+    with host_memory.own_mappings():
+        host_memory.fit_to_state(0)
+    assert calls[-1] == (mmap_max, 0)
+    # Where the user set glibc (or it is not glibc), nothing changes.
+    monkeypatch.setattr(host_memory, "_applied", False)
+    calls.clear()
+    with host_memory.own_mappings():
+        assert host_memory.fit_to_state(bound) is False
+    assert calls == []
 
 
 def test_not_applied_off_glibc(monkeypatch):
