@@ -114,6 +114,7 @@ def _dots(text):
     return len(re.findall(r"stablehlo\.dot_general", text))
 
 
+@pytest.mark.slow
 def test_loop_equals_unrolled_program_with_dropout():
     torch.manual_seed(0)
     model = Model(p=0.2)

@@ -26,6 +26,7 @@ def remat(value):
         performance.scan_blocks_remat = before
 
 
+@pytest.mark.slow
 def test_rematerialised_loop_equals_the_stored_one_with_dropout(caplog):
     torch.manual_seed(0)
     model = Model(p=0.2, layers=2)

@@ -77,6 +77,7 @@ def test_every_family_trains_traced_on_the_csx_backend_as_eager(optimizer):
     assert not failures, failures
 
 
+@pytest.mark.slow
 def test_mixtral_trains_on_the_csx_backend_with_its_half_products():
     """The default run's CSX family: the one whose code takes another path on CSX."""
     (r,) = run_on_csx("sgd", ["mixtral"])

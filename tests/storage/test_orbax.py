@@ -185,6 +185,7 @@ def _script(role, path, devices, systems=1):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_restore_onto_a_different_mesh(tmp_path):
     path = tmp_path / "wafer"
     saved = _script("save", path, 8)

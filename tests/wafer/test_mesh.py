@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 SCRIPT = r"""
@@ -46,6 +48,7 @@ def _run(kind, tmp_path, devices):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_csx_mesh_of_eight_devices_matches_one_cpu_device(tmp_path):
     csx = _run("CSX", tmp_path, 8)
     cpu = _run("CPU", tmp_path, 1)

@@ -377,6 +377,7 @@ def _gpt(mode, tmp_path):
     return proc.stdout, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_gpt_on_the_2x4_wafer_micro_batched_equals_the_whole_batch(tmp_path):
     _, r = _gpt("parity", tmp_path)
     assert r["mesh"] == {"systems": 1, "rows": 2, "cols": 4}
