@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import jax
 from jax.experimental import multihost_utils
 
 import wafer
@@ -221,8 +222,7 @@ class RunState:
         self.index = index
         if changed:
             self.version += 1
-            fit_to_state(sum(a.size * a.dtype.itemsize for a in self.arrays_list
-                             if not isinstance(a, Absent)))
+            fit_to_state(sum(a.nbytes for a in self.arrays_list if isinstance(a, jax.Array)))
 
     # models the user dropped -----------------------------------------------------------
     def _owner_dropped(self):
