@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            FakeTensorMode)
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
+from torch.fx.experimental import proxy_tensor
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
@@ -407,7 +408,7 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
         # value-dependent checks under torch.compile (transformers' masks) skips them here.
         with fake_mode, _CaptureMode(value_read_hint, tensor_hook), \
                 fx_traceback.preserve_node_meta(), torch.enable_grad(), _compiling(), \
-                _fake_tensor_log_quiet():
+                _fake_tensor_log_quiet(), _lean_node_meta():
             fx_traceback.get_current_meta()["stack_trace"] = NO_USER_FRAME
             # A lazy graph module generates its Python code only when the code is read or
             # called (the graph's artifact, a recapture's comparison); lowering reads the
@@ -456,6 +457,30 @@ def _fake_tensor_log_quiet():
         yield
     finally:
         _FAKE_TENSOR_LOG.disabled = before
+
+
+@contextlib.contextmanager
+def _lean_node_meta():
+    """Two copies make_fx makes per traced tensor (each input and op result) that nothing
+    here reads, left out: it records, as the node's `val`, a detached copy of the fake
+    tensor, so that a later in-place op cannot change it; under functionalisation no op
+    writes into the fake tensors the tracer sees, so the fake tensor itself is kept. And
+    it derives a `tensor_meta` summary that only graph passes this project does not run
+    read (FX's own printing reads `val`)."""
+    snapshot_fake, tensor_meta = proxy_tensor.snapshot_fake, proxy_tensor._extract_tensor_metadata
+
+    def snapshot(val, include_real=False):
+        if type(val) is FakeTensor and not val.requires_grad \
+                and getattr(val, "real_tensor", None) is None:
+            return val
+        return snapshot_fake(val, include_real)
+
+    proxy_tensor.snapshot_fake = snapshot
+    proxy_tensor._extract_tensor_metadata = lambda val: None
+    try:
+        yield
+    finally:
+        proxy_tensor.snapshot_fake, proxy_tensor._extract_tensor_metadata = snapshot_fake, tensor_meta
 
 
 @contextlib.contextmanager

@@ -98,6 +98,59 @@ def test_one_traced_run_of_the_function():
     torch.testing.assert_close(total, (x * w * 2).sum())
 
 
+
+def test_node_values_are_the_shapes_each_op_computes():
+    """The capture keeps each op's own fake tensor as its node's `val` (no detached copy):
+    after in-place updates, views and a backward pass, every node's `val` still has the
+    shape, strides and dtype that running the graph on real tensors gives."""
+    def fn(x, w):
+        h = (x @ w).relu_()
+        scaled = h.clone()
+        scaled.transpose(0, 1)[:, 1:].mul_(3)
+        loss = (scaled.view(-1)[::2] * h[:, 0]).sum()
+        loss.backward()
+        w.t()[:, 1:].add_(scaled.sum(0, keepdim=True))
+        return [w, loss, x.grad]
+
+    eager_x = torch.randn(4, 3, requires_grad=True)
+    fn(eager_x, torch.randn(3, 2))   # a valid step in eager PyTorch
+    graph = bridge.capture(fn, [torch.zeros(4, 3), torch.zeros(3, 2)], [True, False])
+    ran = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, node):
+            ran[node] = out = super().run_node(node)
+            return out
+
+    Recorder(graph).run(torch.randn(4, 3), torch.randn(3, 2))
+    checked = 0
+    for node, out in ran.items():
+        val = node.meta.get("val")
+        if node.op == "call_function" and isinstance(out, torch.Tensor):
+            assert (val.shape, val.dtype) == (out.shape, out.dtype), node.format_node()
+            if out.is_contiguous() == val.is_contiguous():
+                assert val.stride() == out.stride(), node.format_node()
+            checked += 1
+    assert checked > 10
+
+
+def test_a_capture_leaves_make_fx_as_torch_has_it():
+    """What the capture leaves out of node metadata, it leaves out only while it traces,
+    also when the step raises: make_fx used afterwards records torch's `tensor_meta`."""
+    from torch.fx.experimental import proxy_tensor
+    own = proxy_tensor.snapshot_fake, proxy_tensor._extract_tensor_metadata
+
+    def fails(x):
+        raise ValueError("the step's own error")
+
+    bridge.capture(lambda x: [x * 2], [torch.zeros(2)])
+    with pytest.raises(ValueError, match="own error"):
+        bridge.capture(fails, [torch.zeros(2)])
+    assert (proxy_tensor.snapshot_fake, proxy_tensor._extract_tensor_metadata) == own
+    traced = proxy_tensor.make_fx(lambda x: x * 2, tracing_mode="fake")(torch.zeros(2))
+    (mul,) = [n for n in traced.graph.nodes if n.op == "call_function"]
+    assert mul.meta["tensor_meta"].shape == torch.Size([2])
+
 def _kernel_strides_audit(monkeypatch):
     """Wrap every decomposition so that it also runs the op's own fake kernel and records
     the ops whose decomposed outputs have other strides than the kernel's."""
