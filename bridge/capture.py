@@ -461,12 +461,12 @@ def _fake_tensor_log_quiet():
 
 @contextlib.contextmanager
 def _lean_node_meta():
-    """Two copies make_fx makes per traced tensor (each input and op result) that nothing
-    here reads, left out: it records, as the node's `val`, a detached copy of the fake
-    tensor, so that a later in-place op cannot change it; under functionalisation no op
-    writes into the fake tensors the tracer sees, so the fake tensor itself is kept. And
-    it derives a `tensor_meta` summary that only graph passes this project does not run
-    read (FX's own printing reads `val`)."""
+    """Leaves out two things make_fx makes for every traced tensor (each input and op
+    result) that nothing here needs. It records, as the node's `val`, a detached copy of
+    the fake tensor, so that a later in-place op cannot change it; under functionalisation
+    no op writes into the fake tensors the tracer sees, so the fake tensor itself is kept.
+    And it derives a `tensor_meta` summary, which only graph passes this project does not
+    run read (FX's own printing reads `val`)."""
     snapshot_fake, tensor_meta = proxy_tensor.snapshot_fake, proxy_tensor._extract_tensor_metadata
 
     def snapshot(val, include_real=False):
