@@ -423,20 +423,20 @@ class Session:
                 _expand_copies(graph, first, copies, by_tag, layers, grads)
         for node in reversed(list(graph.nodes)):
             if node.op == "call_function" and node.target is torch.ops.bridge_once.boundary.default:
-                _bypass(node)
+                bypass(node)
         left = [n for n in graph.nodes if n.op == "call_function" and _ours(n)]
         if left:
             raise NotTracedOnce(f"{len(left)} of its ops were left without a copy")
 
 
-def _outputs(node) -> dict:
+def outputs_of(node) -> dict:
     """{index: getitem node} of a node returning a list."""
     return {u.args[1]: u for u in node.users if u.target is operator.getitem}
 
 
-def _bypass(node):
+def bypass(node):
     """Uses of an identity op's results read its inputs instead; the op goes."""
-    for j, item in _outputs(node).items():
+    for j, item in outputs_of(node).items():
         item.replace_all_uses_with(node.args[0][j])
         item.graph.erase_node(item)
     node.graph.erase_node(node)
@@ -469,8 +469,8 @@ def _expand_copies(graph, first, copies, by_tag, layers, grads):
     name = run.layer_name(first.k)
     order = {n: i for i, n in enumerate(graph.nodes)}
     enter, leave = by_tag[t * 4 + _IN], by_tag[t * 4 + _OUT]
-    entered = set(_outputs(enter).values())
-    boundaries = {enter, leave} | entered | set(_outputs(leave).values())
+    entered = set(outputs_of(enter).values())
+    boundaries = {enter, leave} | entered | set(outputs_of(leave).values())
     # The ops its call made lie between the two identity ops (a layer traced twice, on
     # other tensors each time, has the same mark on both calls' ops).
     forward = [n for n in graph.nodes if n.op == "call_function" and _block(n) == (label, first.k)
@@ -489,26 +489,26 @@ def _expand_copies(graph, first, copies, by_tag, layers, grads):
     backward = []
     if grad_in is not None and grad_out is not None:
         before = (_ancestors([grad_in]) | set(forward) | {grad_out}
-                  | set(_outputs(grad_in).values()))
+                  | set(outputs_of(grad_in).values()))
         backward = [n for n in _ancestors([grad_out]) - before
                     if order[n] > order[grad_in] and n.op == "call_function"]
         backward.sort(key=order.__getitem__)
     elif (grad_in is None) != (grad_out is None):
         raise NotTracedOnce(f"the gradients of {name} do not all pass through it")
     inner = body | set(backward)
-    allowed = inner | {leave, grad_out} | set(_outputs(grad_in).values() if grad_in else ())
+    allowed = inner | {leave, grad_out} | set(outputs_of(grad_in).values() if grad_in else ())
     for n in forward + backward:
         stray = [u for u in n.users if u not in allowed]
         if stray:
             raise NotTracedOnce(f"a value {name} computes is read outside it "
                                 f"({stray[0].name}), which copies of its ops cannot give")
-    entered_at = {item: j for j, item in _outputs(enter).items()}
-    grads_at = {item: j for j, item in _outputs(grad_in).items()} if grad_in else {}
+    entered_at = {item: j for j, item in outputs_of(enter).items()}
+    grads_at = {item: j for j, item in outputs_of(grad_in).items()} if grad_in else {}
     for c, k in copies:
         node = layers[c]
         env = {item: node.args[0][j] for item, j in entered_at.items()}
         _copy(graph, forward, env, node, (label, k))
-        for j, item in _outputs(node).items():
+        for j, item in outputs_of(node).items():
             item.replace_all_uses_with(env.get(leave.args[0][j], leave.args[0][j]))
             graph.erase_node(item)
         graph.erase_node(node)
@@ -517,7 +517,7 @@ def _expand_copies(graph, first, copies, by_tag, layers, grads):
             continue
         env.update({item: grad_node.args[0][j] for item, j in grads_at.items()})
         _copy(graph, backward, env, grad_node, (label, k))
-        for j, item in _outputs(grad_node).items():
+        for j, item in outputs_of(grad_node).items():
             source = grad_out.args[0][j]
             item.replace_all_uses_with(env.get(source, source))
             graph.erase_node(item)

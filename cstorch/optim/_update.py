@@ -18,7 +18,9 @@ import contextvars
 from abc import abstractmethod
 
 import torch
+import torch.utils._pytree as pytree
 
+from bridge import copied_updates
 from cstorch.optim.optimizer import Optimizer
 
 
@@ -295,5 +297,38 @@ class ElementwiseOptimizer(Optimizer):
                 grads = l2_regularize_all(grads, params, group.get("weight_decay", 0.0))
             # .get: a step adds no empty entry for a stateless rule (the real SGD's
             # state_dict stays empty)
-            self.update_group(params, grads, group, [self.state.get(p, {}) for p in params])
+            states = [self.state.get(p, {}) for p in params]
+            session = copied_updates.current()
+            if session is None or not all(isinstance(v, torch.Tensor)
+                                          for state in states for v in state.values()):
+                self.update_group(params, grads, group, states)
+            else:
+                self._update_copied(session, params, grads, group, states)
         return loss
+
+    def _update_copied(self, session, params, grads, group, states):
+        """`update_group` in a traced step, traced once for each kind of alike parameters
+        (the same shapes and state) and copied for the others (`bridge.copied_updates`):
+        each parameter's update is on its own, so a copy is the same ops."""
+        def update(batch):
+            ps, gs, ss = [], [], []
+            for keys, tensors in batch:
+                ps.append(tensors[0])
+                gs.append(tensors[1])
+                ss.append(dict(zip(keys, tensors[2:])))
+            self.update_group(ps, gs, group, ss)
+            after = []
+            for (keys, _), p, g, state in zip(batch, ps, gs, ss):
+                if tuple(state) != keys:
+                    raise copied_updates.NotCopied(
+                        f"{type(self).__name__}'s update adds or removes state "
+                        f"({sorted(set(state) ^ set(keys))})")
+                after.append([p, g, *state.values()])
+            return after
+
+        members = [(tuple(state), [p, g, *state.values()])
+                   for p, g, state in zip(params, grads, states)]
+        ids = {id(p) for p in group["params"]}
+        shared = [v for v in pytree.tree_leaves(dict(group))
+                  if isinstance(v, torch.Tensor) and id(v) not in ids]
+        session.apply(update, members, shared)

@@ -27,7 +27,7 @@ import wafer
 from bridge.device_tensor import GradSource
 from bridge.half_products import HalfProducts
 from bridge.precision import matmul_policy
-from bridge import repeated_blocks, traced_once
+from bridge import copied_updates, repeated_blocks, traced_once
 from cstorch import decompositions
 from cstorch.backend.process_group import global_shape
 from cstorch.backends import csx
@@ -197,10 +197,12 @@ def _half_products_taken(names):
            f"does, the float32 operands are rounded to the half dtype first", once=True)
 
 
-def _trace(step_fn, backend, call, layout, outcome, micro, once=True):
-    """The step's ATen graph, traced on stand-ins with torch's refusals in place; with
-    `once`, the layers of each run of identical layers after the first are not traced but
-    copied from it (`bridge.traced_once`)."""
+def _trace(step_fn, backend, call, layout, outcome, micro, once=frozenset()):
+    """The step's ATen graph, traced on stand-ins with torch's refusals in place. With
+    "layers" in `once`, the layers of each run of identical layers after the first are not
+    traced but copied from it (`bridge.traced_once`); with "updates", an optimizer's
+    update of alike parameters is traced for the first of each kind and copied for the
+    others (`bridge.copied_updates`)."""
     state = backend.state
     shapes = layout.specs(backend)
     if micro is not None:
@@ -209,7 +211,7 @@ def _trace(step_fn, backend, call, layout, outcome, micro, once=True):
     runs, looped = _identical_layers(state, micro)
     on_host = {id(opt) for opt in backend.optimizers if not opt.on_device}
     hook = register_optimizer_step_pre_hook(refuse_optimizers(on_host))
-    once = runs if once and csx.performance.trace_blocks_once else []
+    once = once if csx.performance.trace_blocks_once else frozenset()
     try:
         return _trace_with(step_fn, backend, call, layout, outcome, micro, shapes,
                            requires_grad, runs, once, looped)
@@ -246,17 +248,34 @@ def _trace_with(step_fn, backend, call, layout, outcome, micro, shapes, requires
     # Errors raised while the step runs (value reads, refusals) keep the user's frames
     # in their traceback and name the user's line.
     with refuse_torch_schedulers(), refuse_torch_grad_scaler(), register_unseen_modules(), \
-            repeated_blocks.marked(runs), traced_once.stand_ins(once) as session:
+            repeated_blocks.marked(runs), \
+            traced_once.stand_ins(runs if "layers" in once else []) as layers, \
+            _updates_copied("updates" in once) as updates:
         graph = bridge.capture(
             _traced_function(step_fn, backend, call, layout, outcome, micro), shapes,
             requires_grad, value_read_hint=VALUE_READ_HINT,
             tensor_hook=stray_tensor_hook(state, outcome.traced, outcome.constants),
             user_fn=step_fn, library=_LIBRARY,
             extra_decompositions=decompositions.table_for(backend.backend_type),
-            graph_pass=session.expand if once else None)
+            graph_pass=_expand(layers, updates))
     if runs and not looped:
         repeated_blocks.unmark(graph)
     return graph
+
+
+def _updates_copied(copied):
+    """An optimizer's update traced once per kind of alike parameters (`copied`), or every
+    update traced."""
+    return copied_updates.copies() if copied else contextlib.nullcontext()
+
+
+def _expand(layers, updates):
+    """The graph pass that puts copies of the ops traced once in place of their stand-ins."""
+    def expand(gm):
+        layers.expand(gm)
+        if updates is not None:
+            updates.expand(gm)
+    return expand
 
 
 def _lower(graph, backend, layout, outcome, micro):
@@ -323,12 +342,19 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None, like=()) -> Pr
     state.sync()
     layout = _Layout.of(backend, call)
     outcome = _Outcome()
-    try:
-        graph = _trace(step_fn, backend, call, layout, outcome, micro)
-    except traced_once.NotTracedOnce as e:
-        log.info("identical layers are traced one by one: %s", e)
-        outcome = _Outcome()
-        graph = _trace(step_fn, backend, call, layout, outcome, micro, once=False)
+    once = {"layers", "updates"}
+    while True:
+        try:
+            graph = _trace(step_fn, backend, call, layout, outcome, micro, once)
+            break
+        except traced_once.NotTracedOnce as e:
+            what = "updates" if isinstance(e, copied_updates.NotCopied) else "layers"
+            if what not in once:
+                raise
+            once.discard(what)
+            log.info("%s are traced one by one: %s", "alike parameters' updates"
+                     if what == "updates" else "identical layers", e)
+            outcome = _Outcome()
     _write_graph(graph, backend.artifacts_dir, name)
     if like and micro is None and outcome.loop is None:
         traced = Program(
