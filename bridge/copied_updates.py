@@ -212,14 +212,20 @@ def _expand_kind(graph, enter, leave, copies):
     envs = [{item: given[m * size + j] for item, j in entered.items()}
             for m in range(len(given) // size)]
     _widen_or_copy(graph, body, inside, envs)
+    outputs, replaced = outputs_of(node), {}
     for m, env in enumerate(envs):
-        outputs = outputs_of(node)
         for k in range(count):
             item = outputs.get(m * count + k)
             if item is not None:
                 source = leave.args[0][k]
-                item.replace_all_uses_with(env.get(source, source))
-                graph.erase_node(item)
+                replaced[item] = env.get(source, source)
+    # One pass over each reader: most are the graph's output, which lists every state
+    # value, and replacing its inputs one at a time would scan it once per value.
+    for user in {u for item in replaced for u in item.users}:
+        user.args = fx.map_arg(user.args, lambda a: replaced.get(a, a))
+        user.kwargs = fx.map_arg(user.kwargs, lambda a: replaced.get(a, a))
+    for item in replaced:
+        graph.erase_node(item)
     graph.erase_node(node)
 
 

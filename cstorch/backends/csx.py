@@ -203,8 +203,11 @@ class Performance(_FlagGroup):
       copies of its ops, forward and gradients, so a deep model's capture takes about as
       long as a shallow one's; the program is the one tracing every layer gives. Layers
       that cannot be copied (called with other arguments, or whose ops reach outside the
-      layer) are traced one by one, the reason logged at INFO (logger `cstorch`).
-      False traces every layer. Part of the program key (`docs/scan-blocks.md`).
+      layer) are traced one by one, the reason logged at INFO (logger `cstorch`). The same
+      holds for an optimizer's update: traced for the first of each kind of alike
+      parameters (same shapes and state) and copied for the others, with the same
+      values. False traces every layer and every update. Part of the program key
+      (`docs/scan-blocks.md`).
     """
     _flags = {
         "micro_batch_size": ("auto", _micro_batch_size),
