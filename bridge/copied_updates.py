@@ -142,7 +142,7 @@ class Session:
         except Exception as e:
             # A graph these copies were not made for: tracing every update still works.
             raise NotCopied(f"copying an update's ops failed ({type(e).__name__}: "
-                                f"{e})") from e
+                            f"{e})") from e
 
     def _expand(self, graph):
         ops = torch.ops.bridge_updates
@@ -203,7 +203,7 @@ def _expand_kind(graph, enter, leave, copies):
         stray = [u for u in node.users if u not in inside and u is not leave]
         if stray:
             raise NotCopied(f"a value the update computes is read outside it "
-                                f"({stray[0].name})")
+                            f"({stray[0].name})")
     if not copies:
         return
     (node,) = copies
