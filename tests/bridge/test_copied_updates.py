@@ -229,3 +229,22 @@ def test_copied_members_compute_the_traced_members_ops():
     for x, y in zip(got[:4], xs):
         assert torch.equal(x, y * (s + 2) + 1)
     assert torch.equal(got[4], s)
+
+
+def test_copied_updates_train_as_eager_pytorch():
+    """SGD with Nesterov momentum over four alike layers, copies on, against torch.optim's
+    SGD run eagerly on a copy of the model: the same losses and parameters."""
+    losses, state = _train(OPTIMIZERS["SGD"], once=True)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    g = torch.Generator().manual_seed(1)
+    eager = []
+    for _ in range(2):
+        loss = model(torch.randn(5, 6, generator=g)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        eager.append(loss.item())
+    assert losses == pytest.approx(eager, rel=1e-5)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(state[key], value, rtol=1e-5, atol=1e-6)
