@@ -25,7 +25,8 @@ class CompileStats:
     cache_hits: int = 0
     seconds: float = 0.0   # spent in XLA compilation or reading the cache
     lowering_seconds: float = 0.0   # tracing the JAX function and lowering it to StableHLO
-    artifact_seconds: float = 0.0   # writing jaxpr, StableHLO, HLO and analyses
+    # writing jaxpr, StableHLO, HLO and analyses, while the first call runs (artifact_writer)
+    artifact_seconds: float = 0.0
     loading_seconds: float = 0.0    # reading executables a compile_dir stored (wafer.stored)
 
     @property

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 
+from wafer import artifact_writer
 from wafer.cache import cache_hits, counted, stats
 from wafer.layout import batch_sharding, replicated, state_sharding
 
@@ -88,9 +89,9 @@ def compile_step(fn: Callable, args, *, mesh, artifact_dir: str | None = None,
         with counted():
             executable = lowered.compile(compiler_options=compiler_options(mesh))
     if artifact_dir:
-        start = time.perf_counter()
-        write_artifacts(traced, lowered, executable, artifact_dir, name)
-        stats.artifact_seconds += time.perf_counter() - start
+        artifact_writer.defer(
+            lambda: write_artifacts(traced, lowered, executable, artifact_dir, name),
+            f"the jaxpr, StableHLO and HLO of {name} in {artifact_dir}")
     return CompiledStep(executable, traced, lowered, input_sh, split,
                         [tuple(getattr(x, "shape", ())) for x in inputs],
                         from_cache=cache_hits() != hits, compiler_options=compiler_options(mesh))
@@ -153,6 +154,14 @@ def compiler_options(mesh) -> dict:
 
 def write_artifacts(traced, lowered, executable, artifact_dir: str, name: str):
     """jaxpr, StableHLO, optimised HLO and cost/memory analysis of one compiled step."""
+    start = time.perf_counter()
+    try:
+        _write(traced, lowered, executable, artifact_dir, name)
+    finally:
+        stats.artifact_seconds += time.perf_counter() - start
+
+
+def _write(traced, lowered, executable, artifact_dir: str, name: str):
     os.makedirs(artifact_dir, exist_ok=True)
     path = lambda ext: os.path.join(artifact_dir, f"{name}.{ext}")  # noqa: E731
     with open(path("jaxpr.txt"), "w") as f:

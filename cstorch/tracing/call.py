@@ -15,14 +15,19 @@ import torch.utils._pytree as pytree
 
 import wafer
 from bridge.convert import put_global, tensor_to_input, to_jax_dtype
-from bridge.device_tensor import Absent, DeviceTensor
+from bridge.device_tensor import Absent, DeviceTensor, host_read_hooks
 from cstorch.backend.process_group import global_inputs
 from cstorch.errors import MissingStateError
 from cstorch.notices import inform
 from cstorch.tracing import index_check
 from cstorch.utils.data.executor import (defer_checkpoint_closure, defer_step_closure,
-                                         is_checkpoint_step, note_step_output,
-                                         runs_step_closures)
+                                         is_checkpoint_step, loop_end_checks,
+                                         note_step_output, runs_step_closures)
+
+# A step's artifacts are written while its first call runs (`run`); they are on disk by
+# the time any value is read on the host, and at the end of a data loop.
+host_read_hooks.append(wafer.artifact_writer.wait)
+loop_end_checks.append(wafer.artifact_writer.wait)
 
 
 class StepData(NamedTuple):
@@ -107,6 +112,7 @@ def run(program, data: StepData, backend, name: str):
     if len(program.unread_grads) == len(program.grad_inputs) and state.grads_from is not None:
         state.grads_from.grad_source.release()
     new_state, grads, outs = program.compiled(*data)
+    wafer.artifact_writer.start()
     if program.used is None:
         state.arrays_list[:] = new_state
     else:
@@ -166,6 +172,7 @@ def warn_input_grad(name, tensors):
 def not_executed(program, backend):
     """A compile_only or validate_only call: the program was made, nothing runs. The
     results are tensors without values; closures that would read values are skipped."""
+    wafer.artifact_writer.wait()
     mode = "compile_only" if backend.params.get("compile_only") else "validate_only"
     reason = f"the backend is {mode}, so steps are not executed"
     values = [DeviceTensor.of(Absent(shape, to_jax_dtype(dt), None, None, reason), dt, shape)

@@ -478,12 +478,16 @@ def _global_shape(backend, shape) -> tuple:
 
 
 def _write_graph(graph, artifact_dir, name):
-    """The captured ATen graph, beside the jaxpr and StableHLO `wafer` writes."""
+    """The captured ATen graph, beside the jaxpr and StableHLO `wafer` writes (like them,
+    written while the step's first call runs: `wafer.artifact_writer`)."""
     if not artifact_dir:
         return
-    os.makedirs(artifact_dir, exist_ok=True)
-    with open(os.path.join(artifact_dir, f"{name}.aten.txt"), "w") as f:
-        f.write(graph.print_readable(print_output=False))
+
+    def write():
+        os.makedirs(artifact_dir, exist_ok=True)
+        with open(os.path.join(artifact_dir, f"{name}.aten.txt"), "w") as f:
+            f.write(graph.print_readable(print_output=False))
+    wafer.artifact_writer.defer(write, f"the captured graph of {name} in {artifact_dir}")
 
 
 def _unread_grad_inputs(closed_jaxpr, first: int, count: int) -> frozenset:

@@ -299,11 +299,14 @@ def _auto(backend, call, name, capture_one):
 
 
 def _write_artifacts(backend, program, name):
-    """The chosen program's artifacts, where a later candidate's were written over them."""
+    """The chosen program's artifacts, written after the candidates' (queued in the order
+    they were compiled) and so over them."""
     compiled = program.compiled
     if backend.artifacts_dir and compiled.executable is not None:
-        wafer.write_artifacts(compiled.traced, compiled.lowered, compiled.executable,
-                              backend.artifacts_dir, name)
+        wafer.artifact_writer.defer(
+            lambda: wafer.write_artifacts(compiled.traced, compiled.lowered,
+                                          compiled.executable, backend.artifacts_dir, name),
+            f"the jaxpr, StableHLO and HLO of {name} in {backend.artifacts_dir}")
 
 
 def _size(n):

@@ -4,6 +4,7 @@
 import functools
 from collections.abc import Callable
 
+import wafer
 from cstorch.backend import current_or_cpu_backend
 from cstorch.run.capture_context import is_capturing
 from cstorch.tracing import call as calling
@@ -104,4 +105,5 @@ class TracedStep:
                 program = capture_program(self.step_fn, backend, call, self.name)
                 self.cache.captures += 1
                 self.cache.compiles += 1
+            wafer.artifact_writer.wait()   # nothing is dispatched to write them beside
             return jax_step(program, values, backend, call)

@@ -2,15 +2,19 @@
 optimised HLO and analyses), the state layout report, and log_initialization."""
 import io
 import json
+import math
 import os
 import subprocess
 import sys
+import time
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import cerebras.pytorch as cstorch
+import wafer.compile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,7 +33,9 @@ def test_a_compiled_step_leaves_its_graph_program_and_layout(tmp_path):
         optimizer.step()
         return loss
 
-    train_step(torch.randn(3, 5), torch.randn(3, 2))
+    loss = train_step(torch.randn(3, 5), torch.randn(3, 2))
+    # Written while the step's first call runs; on disk once a value is read on the host.
+    float(loss)
     names = set(os.listdir(tmp_path))
     assert {f"train_step.{ext}" for ext in ("aten.txt", "jaxpr.txt", "stablehlo.mlir", "hlo.txt",
                                              "analysis.json")} <= names
@@ -39,6 +45,52 @@ def test_a_compiled_step_leaves_its_graph_program_and_layout(tmp_path):
                                          "model.2.bias"]
     assert rows[0]["shape"] == [7, 5] and rows[0]["bytes_per_device"] == 7 * 5 * 4
     assert "model.0.weight" in (tmp_path / "layout.txt").read_text()
+
+
+def _sgd_step(backend):
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 2))
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def train_step(x, y):
+        loss = F.mse_loss(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+    return model, train_step
+
+
+def test_artifacts_are_complete_before_a_value_is_read(tmp_path, monkeypatch):
+    # A writer slowed down: the read waits for it instead of finding half the files.
+    write = wafer.compile._write
+
+    def slow(*args):
+        time.sleep(0.5)
+        write(*args)
+    monkeypatch.setattr(wafer.compile, "_write", slow)
+    backend = cstorch.backend("CPU", artifact_dir=str(tmp_path))
+    _, train_step = _sgd_step(backend)
+    loss = train_step(torch.randn(3, 5), torch.randn(3, 2))
+    assert not (tmp_path / "train_step.analysis.json").exists()   # still being written
+    float(loss)
+    assert "dot_general" in (tmp_path / "train_step.jaxpr.txt").read_text()
+    assert "stablehlo.dot_general" in (tmp_path / "train_step.stablehlo.mlir").read_text()
+    assert "cost" in json.loads((tmp_path / "train_step.analysis.json").read_text())
+
+
+def test_a_failed_artifact_write_is_raised_at_the_next_read_and_the_step_ran(tmp_path):
+    backend = cstorch.backend("CPU", artifact_dir=str(tmp_path))
+    model, train_step = _sgd_step(backend)
+    (tmp_path / "train_step.jaxpr.txt").mkdir()   # a directory where the file goes
+    before = model[0].weight.to("cpu").clone()
+    loss = train_step(torch.randn(3, 5), torch.randn(3, 2))
+    with pytest.raises(OSError, match=r"could not write the jaxpr, StableHLO and HLO of "
+                                      r"train_step in .*IsADirectoryError.*The step itself ran"):
+        float(loss)
+    assert math.isfinite(float(loss))   # raised once; the step's results are there
+    assert not torch.equal(model[0].weight.to("cpu"), before)   # and it updated the model
 
 
 _MESH = r"""
