@@ -1,18 +1,41 @@
 """Convolutions, forward and backward (the backward is the forward's VJP)."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import torch
 
 from bridge import precision
+from bridge.convert import to_torch_dtype
 from bridge.ops.registry import lowering
 
 aten = torch.ops.aten
+_PLAIN_TRANSPOSED = (torch._C._ConvBackend.SlowTranspose2d, torch._C._ConvBackend.SlowTranspose3d)
+
+
+@functools.cache
+def _transposed_rounds_once(x_shape, w_shape, dtype, stride, padding, dilation, output_padding,
+                            groups) -> bool:
+    """Whether eager PyTorch's half-precision transposed convolution of these sizes adds its
+    bias before its one rounding. oneDNN's kernel, which torch picks where the CPU computes
+    half precision in it (AVX-512), does; the plain kernel (col2im into a half-precision
+    output, picked elsewhere) rounds the product, then adds. Asked of torch's own choice,
+    on tensors of the sizes that are never filled."""
+    dtype = to_torch_dtype(dtype)
+    backend = torch._C._select_conv_backend(
+        torch.empty(x_shape, dtype=dtype), torch.empty(w_shape, dtype=dtype),
+        torch.empty(w_shape[1] * groups, dtype=dtype), list(stride), list(padding),
+        list(dilation), True, list(output_padding), groups, None)
+    return backend not in _PLAIN_TRANSPOSED
 
 
 def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     # half precision with a bias: PyTorch's convolutions add the bias to the float32
-    # accumulator and round once; its transposed convolutions round the product, then add
-    half = bias is not None and precision.is_half(x, w) and not transposed
+    # accumulator and round once; its transposed convolutions do as its kernel does
+    half = bias is not None and precision.is_half(x, w) and (
+        not transposed or _transposed_rounds_once(
+            tuple(x.shape), tuple(w.shape), x.dtype, tuple(stride), tuple(padding),
+            tuple(dilation), tuple(output_padding), groups))
     conv = precision.conv_float32 if half else precision.conv
     nd = x.ndim - 2
     spatial = "DHW"[-nd:] if nd <= 3 else None

@@ -1,12 +1,14 @@
 """Half-precision ops round where eager PyTorch rounds: a linear layer or a convolution adds
-its bias to the float32 accumulator and rounds once (a transposed convolution rounds the
-product, then adds), and XLA keeps every rounding the program asks for (with its excess
+its bias to the float32 accumulator and rounds once (a transposed convolution rounds as the
+kernel torch picks for it does), and XLA keeps every rounding the program asks for (with its excess
 precision on, an op reading a half-precision result widened back to float32 saw the
 unrounded value). Compared bit for bit with eager torch under `cstorch.amp.autocast`."""
+import jax.numpy as jnp
 import pytest
 import torch
 
 import bridge
+import bridge.ops.conv
 import cerebras.pytorch as cstorch
 
 
@@ -62,6 +64,41 @@ def test_a_convolution_rounds_where_eager_does(half, transposed):
             else torch.nn.Conv2d(16, 8, 3, stride=2, padding=1))
     traced, eager = _traced_and_eager(conv, torch.randn(4, 16, 8, 8))
     _assert_same_bits(traced, eager, ties=0.005)
+
+
+@pytest.fixture
+def kernel_choice(monkeypatch):
+    """Set the kernel eager torch would pick for a transposed convolution (None: its own
+    choice on this CPU)."""
+    def choose(backend):
+        if backend is not None:
+            monkeypatch.setattr(torch._C, "_select_conv_backend", lambda *args: backend)
+        bridge.ops.conv._transposed_rounds_once.cache_clear()
+    yield choose
+    bridge.ops.conv._transposed_rounds_once.cache_clear()
+
+
+@pytest.mark.parametrize("plain_kernel", [False, True])
+def test_a_transposed_convolution_rounds_as_the_kernel_torch_picks_does(
+        half, kernel_choice, plain_kernel):
+    """oneDNN's kernel (AVX-512 CPUs) adds the bias before rounding once; the plain kernel,
+    picked on other CPUs, rounds the product, then adds. Both are checked on any CPU
+    against the two roundings computed in float32 by torch."""
+    half("bfloat16")
+    kernel_choice(torch._C._ConvBackend.SlowTranspose2d if plain_kernel else None)
+    if not plain_kernel and not bridge.ops.conv._transposed_rounds_once(
+            (4, 16, 8, 8), (16, 8, 2, 2), jnp.dtype(jnp.bfloat16), (2, 2), (0, 0), (1, 1), (0, 0), 1):
+        pytest.skip("torch picks the plain kernel on this CPU: the other case covers it")
+    torch.manual_seed(0)
+    conv = torch.nn.ConvTranspose2d(16, 8, 2, stride=2)
+    x = torch.randn(4, 16, 8, 8)
+    wide = [t.bfloat16().float() for t in (x, conv.weight, conv.bias)]
+    product = torch.nn.functional.conv_transpose2d(wide[0], wide[1], None, stride=2)
+    if plain_kernel:
+        product = product.bfloat16().float()
+    want = (product + wide[2][None, :, None, None]).bfloat16()
+    traced, _ = _traced_and_eager(conv, x)
+    _assert_same_bits(traced, want, ties=0.005)
 
 
 class _LinearNorm(torch.nn.Module):
