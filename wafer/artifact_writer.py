@@ -36,6 +36,8 @@ def start() -> None:
 def wait() -> None:
     """Every queued or started artifact on disk. Raises, once, for the first writer that
     failed since the last wait."""
+    if _running and _running[-1] is threading.current_thread():
+        return   # a writer reading a value on the host: the caller waits for it
     if _queued:
         writers = list(_queued)
         _queued.clear()

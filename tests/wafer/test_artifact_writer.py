@@ -31,6 +31,18 @@ def test_wait_writes_what_was_never_dispatched():
     assert done == [1]
 
 
+def test_a_writer_that_reads_a_host_value_does_not_wait_for_itself():
+    done = []
+
+    def write():
+        artifact_writer.wait()   # what a host read inside a writer does
+        done.append(1)
+    artifact_writer.defer(write, "a graph printing a value")
+    artifact_writer.start()
+    artifact_writer.wait()
+    assert done == [1]
+
+
 def test_a_failed_writer_is_raised_once_and_the_others_still_write():
     done = []
 
