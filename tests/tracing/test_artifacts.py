@@ -19,34 +19,6 @@ import wafer.compile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_a_compiled_step_leaves_its_graph_program_and_layout(tmp_path):
-    backend = cstorch.backend("CPU", artifact_dir=str(tmp_path))
-    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 2))
-    compiled = cstorch.compile(model, backend)
-    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
-
-    @cstorch.trace
-    def train_step(x, y):
-        loss = F.mse_loss(compiled(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    loss = train_step(torch.randn(3, 5), torch.randn(3, 2))
-    # Written while the step's first call runs; on disk once a value is read on the host.
-    float(loss)
-    names = set(os.listdir(tmp_path))
-    assert {f"train_step.{ext}" for ext in ("aten.txt", "jaxpr.txt", "stablehlo.mlir", "hlo.txt",
-                                             "analysis.json")} <= names
-    assert "torch.ops.aten.addmm.default" in (tmp_path / "train_step.aten.txt").read_text()
-    rows = json.loads((tmp_path / "layout.json").read_text())
-    assert [r["name"] for r in rows] == ["model.0.weight", "model.0.bias", "model.2.weight",
-                                         "model.2.bias"]
-    assert rows[0]["shape"] == [7, 5] and rows[0]["bytes_per_device"] == 7 * 5 * 4
-    assert "model.0.weight" in (tmp_path / "layout.txt").read_text()
-
-
 def _sgd_step(backend):
     model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 2))
     compiled = cstorch.compile(model, backend)
@@ -60,6 +32,23 @@ def _sgd_step(backend):
         optimizer.step()
         return loss
     return model, train_step
+
+
+def test_a_compiled_step_leaves_its_graph_program_and_layout(tmp_path):
+    backend = cstorch.backend("CPU", artifact_dir=str(tmp_path))
+    _, train_step = _sgd_step(backend)
+    loss = train_step(torch.randn(3, 5), torch.randn(3, 2))
+    # Written while the step's first call runs; on disk once a value is read on the host.
+    float(loss)
+    names = set(os.listdir(tmp_path))
+    assert {f"train_step.{ext}" for ext in ("aten.txt", "jaxpr.txt", "stablehlo.mlir", "hlo.txt",
+                                             "analysis.json")} <= names
+    assert "torch.ops.aten.addmm.default" in (tmp_path / "train_step.aten.txt").read_text()
+    rows = json.loads((tmp_path / "layout.json").read_text())
+    assert [r["name"] for r in rows] == ["model.0.weight", "model.0.bias", "model.2.weight",
+                                         "model.2.bias"]
+    assert rows[0]["shape"] == [7, 5] and rows[0]["bytes_per_device"] == 7 * 5 * 4
+    assert "model.0.weight" in (tmp_path / "layout.txt").read_text()
 
 
 def test_artifacts_are_complete_before_a_value_is_read(tmp_path, monkeypatch):
