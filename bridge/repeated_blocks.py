@@ -26,9 +26,10 @@ _HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks",
 _PLAIN = (bool, int, float, str, type(None))
 
 
-def _signature(module: nn.Module) -> list:
+def _signature(module: nn.Module, attributes: bool) -> list:
     """What a module's calls can depend on, besides its tensors' values, as a list of
-    (what, value) items: the same list for two modules means they compute alike."""
+    (what, value) items: the same list for two modules means they compute alike. Without
+    `attributes`, plain attributes (flags, sizes, an index) are left out."""
     items = []
     for name, m in module.named_modules(remove_duplicate=False):
         where = name or "the layer"
@@ -37,7 +38,7 @@ def _signature(module: nn.Module) -> list:
         for table in _HOOK_TABLES:
             items.append((f"{where}: {table.strip('_').replace('_', ' ')}",
                           len(getattr(m, table, None) or {})))
-        for key, value in sorted(vars(m).items()):
+        for key, value in sorted(vars(m).items()) if attributes else ():
             if not key.startswith("_") and isinstance(value, _PLAIN + (tuple,)):
                 items.append((f"{where}: attribute {key!r}", value))
         for key, t in list(m._parameters.items()) + list(m._buffers.items()):
@@ -75,11 +76,14 @@ class Run:
         return f"Run({self.label})"
 
 
-def find_runs(named_modules) -> list:
+def find_runs(named_modules, attributes: bool = True) -> list:
     """The runs of at least two identical consecutive modules in the containers
     (`nn.ModuleList`, `nn.Sequential`) among `named_modules` ((name, module) pairs),
     outermost first; a container inside a run's module is left to that run. Where
-    neighbours differ, why is logged at INFO."""
+    neighbours differ, why is logged at INFO. Without `attributes`, modules that differ
+    only in plain attributes are a run too: right for `bridge.traced_once`, which checks
+    every torch call a later layer makes against the first layer's, so that an attribute
+    that changes a call is found there."""
     runs, inside = [], set()
     for name, container in named_modules:
         if id(container) in inside or not isinstance(container, (nn.ModuleList, nn.Sequential)):
@@ -87,7 +91,7 @@ def find_runs(named_modules) -> list:
         children = list(container.children())
         if len(children) < 2 or len({id(c) for c in children}) < len(children):
             continue
-        signatures = [_signature(c) for c in children]
+        signatures = [_signature(c, attributes) for c in children]
         start = 0
         for k in range(1, len(children) + 1):
             if k < len(children) and signatures[k] == signatures[start]:

@@ -239,7 +239,10 @@ def _identical_layers(state, micro):
                       "scan_blocks = True as well", stacklevel=3)
     if not (looped or performance.trace_blocks_once):
         return [], False
-    return repeated_blocks.find_runs(state.named_modules()), looped
+    # A loop needs its layers alike in every attribute; tracing once needs only their
+    # torch calls alike, which it checks call by call (transformers' layers each keep
+    # their own `layer_idx`).
+    return repeated_blocks.find_runs(state.named_modules(), attributes=looped), looped
 
 
 def _trace_with(step_fn, backend, call, layout, outcome, micro, shapes, requires_grad, runs,

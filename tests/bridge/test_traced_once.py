@@ -117,6 +117,27 @@ def test_a_model_traced_once_trains_as_eager_pytorch(traced_calls):
     assert traced_calls["softmax"] == 1
 
 
+class Numbered(Block):
+    """A Block keeping its own index as a plain attribute, as transformers' attention layers
+    keep `layer_idx`; with `scaled`, its output is scaled by it (the layers' calls differ)."""
+
+    def __init__(self, index, scaled=False):
+        super().__init__()
+        self.layer_idx, self.scaled = index, scaled
+
+    def forward(self, x):
+        y = super().forward(x)
+        return y * (1.0 + 0.1 * self.layer_idx) if self.scaled else y
+
+
+def test_layers_differing_in_an_attribute_no_call_reads_are_traced_once(traced_calls):
+    """Not a loop (its layers must be alike in every attribute), but traced once: the
+    calls are checked one by one."""
+    torch.manual_seed(5)
+    _trains_as_eager(Model(blocks=[Numbered(k) for k in range(3)]), _batches(), _loss)
+    assert traced_calls["softmax"] == 1
+
+
 class Flagged(Block):
     """A Block taking a per-layer flag: the layers' calls differ."""
 
@@ -184,6 +205,8 @@ class Checkpointed(Block):
 def _model(case):
     if case == "flag":
         return FlaggedModel(blocks=[Flagged() for _ in range(3)])
+    if case == "attribute":
+        return Model(blocks=[Numbered(k, scaled=True) for k in range(3)])
     if case == "peek":
         return PeekingModel(blocks=[Peeking() for _ in range(3)])
     if case == "host tensor":
@@ -196,6 +219,7 @@ def _model(case):
 @pytest.mark.parametrize("case, why", [
     pytest.param("flag", "calls mul with other arguments than the first layer",
                  marks=pytest.mark.slow),
+    ("attribute", "calls mul with other arguments than the first layer"),
     pytest.param("peek", "is read outside it", marks=pytest.mark.slow),
     pytest.param("host tensor", "calls mul with other arguments than the first layer",
                  marks=pytest.mark.slow),
