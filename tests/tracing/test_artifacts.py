@@ -6,7 +6,7 @@ import math
 import os
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 import torch
@@ -52,17 +52,19 @@ def test_a_compiled_step_leaves_its_graph_program_and_layout(tmp_path):
 
 
 def test_artifacts_are_complete_before_a_value_is_read(tmp_path, monkeypatch):
-    # A writer slowed down: the read waits for it instead of finding half the files.
-    write = wafer.compile._write
+    # A writer held back until half a second after the call returned: the read waits
+    # for it instead of finding half the files.
+    write, release = wafer.compile._write, threading.Event()
 
-    def slow(*args):
-        time.sleep(0.5)
+    def held(*args):
+        release.wait(timeout=60)
         write(*args)
-    monkeypatch.setattr(wafer.compile, "_write", slow)
+    monkeypatch.setattr(wafer.compile, "_write", held)
     backend = cstorch.backend("CPU", artifact_dir=str(tmp_path))
     _, train_step = _sgd_step(backend)
     loss = train_step(torch.randn(3, 5), torch.randn(3, 2))
     assert not (tmp_path / "train_step.analysis.json").exists()   # still being written
+    threading.Timer(0.5, release.set).start()
     float(loss)
     assert "dot_general" in (tmp_path / "train_step.jaxpr.txt").read_text()
     assert "stablehlo.dot_general" in (tmp_path / "train_step.stablehlo.mlir").read_text()
