@@ -18,7 +18,10 @@ thousand pages a step for the transformer-lm benchmark, depending on which threa
 it). `one_arena()` therefore sets the limit alone, early: `cstorch` calls it when it is
 imported, before a model's initialisation starts PyTorch's OpenMP threads.
 
-This is a process-wide trade: the process keeps the memory it has freed, as a caching
+This is a process-wide trade. XLA's compile threads share the one arena too and take
+turns at its lock, so a small program's compile (tiny BERT's) takes 0.4-0.5 s longer than
+with glibc's arenas: paid once per program, against page faults in every step
+(docs/benchmarks.md). And the process keeps the memory it has freed, as a caching
 allocator does. What it keeps for good would also hold the host copies of the state that
 moved to the device (a model's parameters at compile, an optimizer's zeros when it is
 made), under the training steps' own memory: a 153M-parameter GPT's training peaked at
