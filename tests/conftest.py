@@ -23,3 +23,15 @@ def _backends_replace_each_other():
     module._replacing_allowed = True
     yield
     module._replacing_allowed = False
+
+
+@pytest.fixture(autouse=True)
+def _amp_settings_kept():
+    """cstorch.amp's half dtype and mixed-precision switch are process-wide, as in the
+    reference, where each run is a process of its own: a test that changes them (Model Zoo's
+    precision callback does) must not change what the tests after it compute with (a
+    float16 batch for a model not run under autocast)."""
+    settings = importlib.import_module("cstorch.amp.half_dtype")._settings
+    saved = dict(settings)
+    yield
+    settings.update(saved)

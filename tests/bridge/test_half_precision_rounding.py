@@ -14,9 +14,10 @@ import cerebras.pytorch as cstorch
 
 @pytest.fixture
 def half():
-    before = cstorch.amp.get_half_dtype()
+    before = cstorch.amp.get_half_dtype_str(), cstorch.amp.mixed_precision()
     yield lambda name: cstorch.amp.set_half_dtype(name)
-    cstorch.amp.set_half_dtype(before)
+    cstorch.amp.set_half_dtype(before[0])
+    cstorch.amp.enable_mixed_precision(before[1])   # set_half_dtype switched it on
 
 
 def _traced_and_eager(module, *inputs):

@@ -125,12 +125,13 @@ class Family:
         if not self.autocast:
             yield
             return
-        before = cstorch.amp.get_half_dtype()
+        before = cstorch.amp.get_half_dtype_str(), cstorch.amp.mixed_precision()
         cstorch.amp.set_half_dtype("bfloat16")
         try:
             yield
         finally:
-            cstorch.amp.set_half_dtype(before)
+            cstorch.amp.set_half_dtype(before[0])
+            cstorch.amp.enable_mixed_precision(before[1])   # set_half_dtype switched it on
 
     def compute_loss(self, model, batch):
         # Model Zoo's forwards pop keys off the batch dict: each call gets its own copy
