@@ -37,7 +37,7 @@ from cstorch.notices import inform
 from cstorch.optim.optimizer import hyperparameters
 from cstorch.run.capture_context import CaptureContext, UnregisteredModule, capturing
 from cstorch.tracing import (hooks, implicit_loop_program, index_check, micro_batch,
-                             python_values, reuse)
+                             progress, python_values, reuse)
 from cstorch.tracing.arguments import Call, Results
 from cstorch.tracing.binding import bind_state, bind_hyperparameters
 from cstorch.tracing.cumulative_batch_norm import cumulative_batch_norm
@@ -65,7 +65,7 @@ def capture_program(step_fn, backend, call: Call, name: str, like=()) -> Program
     (`reuse.py`)."""
     while True:
         try:
-            with older_objects_frozen():
+            with older_objects_frozen(), progress.shown(name):
                 if micro_batch.applies(backend, name):
                     return micro_batch.capture(
                         backend, call, name,
@@ -346,6 +346,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None, like=()) -> Pr
     layout = _Layout.of(backend, call)
     outcome = _Outcome()
     once = {"layers", "updates"}
+    progress.phase("tracing")
     while True:
         try:
             graph = _trace(step_fn, backend, call, layout, outcome, micro, once)
@@ -372,6 +373,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None, like=()) -> Pr
         found = reuse.compiled_like(traced, like)
         if found is not None:
             return found
+    progress.phase("lowering and compiling")
     lowered = _lower(graph, backend, layout, outcome, micro)
     cells = layout.cells
     packing = (grad_layout([cells[i] for i in outcome.grad_out])

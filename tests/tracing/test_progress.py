@@ -1,0 +1,43 @@
+"""A traced step's first call names what it is doing on a terminal (tracing, then lowering
+and compiling) and clears the line when done; piped, it shows nothing."""
+import io
+import sys
+
+import torch
+
+import cerebras.pytorch as cstorch
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _called_twice(monkeypatch, stream):
+    """What the first and the second call of a traced step wrote to `stream` as stderr."""
+    monkeypatch.setattr(sys, "stderr", stream)
+    backend = cstorch.backend("CPU")
+    model = cstorch.compile(torch.nn.Linear(4, 2), backend)
+
+    @cstorch.trace
+    def train_step(x):
+        return model(x).sum()
+
+    x = torch.randn(3, 4)
+    before = len(stream.getvalue())
+    float(train_step(x))
+    first = stream.getvalue()[before:]
+    float(train_step(x))
+    return first, stream.getvalue()[before + len(first):]
+
+
+def test_the_first_call_names_its_phases_on_a_terminal(monkeypatch):
+    first, second = _called_twice(monkeypatch, _Terminal())
+    tracing = first.index("train_step: tracing")
+    assert first.index("train_step: lowering and compiling") > tracing
+    assert second == ""   # the program is compiled: nothing to show
+
+
+def test_a_piped_run_shows_nothing(monkeypatch):
+    first, second = _called_twice(monkeypatch, io.StringIO())
+    assert "train_step" not in first + second
