@@ -1,11 +1,14 @@
 """A traced step's first call names what it is doing on a terminal (tracing, then lowering
-and compiling) and clears the line when done; piped, it shows nothing."""
+and compiling) and clears the line when done; piped, it shows nothing. A notice given
+meanwhile gets a line of its own."""
 import io
 import sys
 
 import torch
 
 import cerebras.pytorch as cstorch
+from cstorch.notices import inform
+from cstorch.tracing import progress
 
 
 class _Terminal(io.StringIO):
@@ -41,3 +44,15 @@ def test_the_first_call_names_its_phases_on_a_terminal(monkeypatch):
 def test_a_piped_run_shows_nothing(monkeypatch):
     first, second = _called_twice(monkeypatch, io.StringIO())
     assert "train_step" not in first + second
+
+
+def test_a_notice_during_a_capture_gets_a_line_of_its_own(monkeypatch):
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with progress.shown("train_step"):
+        progress.phase("tracing")
+        inform("a notice")
+    out = terminal.getvalue()
+    at = out.index("cstorch: a notice\n")
+    assert out[:at].endswith("\r")   # the phase's line was cleared first
+    assert "\rtrain_step: tracing" in out[at:]   # and drawn again below the notice
