@@ -242,6 +242,10 @@ def test_progress_bar_on_a_terminal_shows_steps_and_the_loss(monkeypatch):
     out = terminal.getvalue()
     assert "3/3" in out and "step" in out
     assert f"loss={losses[0]:.4g}" in out
+    # The bar left on the terminal shows the last step's loss, not the last one read
+    # during the loop (at most once a second).
+    assert f"{losses[-1]:.4g}" != f"{losses[0]:.4g}"
+    assert f"loss={losses[-1]:.4g}" in out.rstrip().split("\r")[-1]
 
 
 def test_an_executor_inside_another_hands_back_the_outer_one():

@@ -294,6 +294,7 @@ class DataExecutor:
                     shown()
             for check in loop_end_checks:
                 check()
+            progress.finish()
         finally:
             self._closures.clear()
             if isinstance(self._ahead, tuple):   # left unused: the next executor's first batch
@@ -422,6 +423,13 @@ class _Progress:
             self._shown = now
             self.bar.set_postfix(loss=f"{float(value):.4g}", refresh=False)
         self.bar.update(1)
+
+    def finish(self):
+        """At the loop's end, the last step's value: the reads once a second may have
+        skipped the last steps, and the bar stays on the terminal."""
+        value = self.executor.last_output
+        if not self.bar.disable and value is not None:
+            self.bar.set_postfix(loss=f"{float(value):.4g}", refresh=False)
 
     def close(self):
         self.bar.close()
