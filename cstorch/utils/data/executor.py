@@ -418,11 +418,12 @@ class _Progress:
             return
         now = time.monotonic()
         value = self.executor.last_output
-        # Reading the value waits for the step; once a second is cheap.
+        self.bar.update(1)
+        # Reading the value waits for the step; once a second is cheap, and the value read
+        # is drawn at once (tqdm's own redraws are timed and may skip it).
         if value is not None and now - self._shown > 1.0:
             self._shown = now
-            self.bar.set_postfix(loss=f"{float(value):.4g}", refresh=False)
-        self.bar.update(1)
+            self.bar.set_postfix(loss=f"{float(value):.4g}")
 
     def finish(self):
         """At the loop's end, the last step's value: the reads once a second may have
