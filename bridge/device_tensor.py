@@ -64,11 +64,28 @@ class Absent(jax.ShapeDtypeStruct):
 host_read_hooks: list = []
 
 
+class Row:
+    """A value held as row `k` of a stacked array (`bridge.stacked_state`): a program that
+    takes the stack takes it as it is; anything else reads the row."""
+    __slots__ = ("stack", "k")
+
+    def __init__(self, stack, k: int):
+        self.stack, self.k = stack, k
+
+    def read(self):
+        return _row(self.stack, self.k)
+
+
+# The row as an argument, so that reading every row of a stack compiles one program.
+_row = jax.jit(lambda stack, k: jax.lax.dynamic_index_in_dim(stack, k, keepdims=False))
+
+
 class Cell:
     """The mutable holder of one device value. `dtype` is the torch dtype the value has
     on the torch side (int64 for an array JAX holds as int32). The value is item `index`
     of the list `store`: a cell's own list, or one list a run keeps for all its state, so
-    a step replaces every value with one slice assignment."""
+    a step replaces every value with one slice assignment. An item may be a `Row` of a
+    stacked array; reading `array` makes it an array of its own."""
     __slots__ = ("store", "index", "dtype", "__weakref__")
 
     def __init__(self, array, dtype: torch.dtype):
@@ -77,7 +94,10 @@ class Cell:
 
     @property
     def array(self):
-        return self.store[self.index]
+        value = self.store[self.index]
+        if type(value) is Row:
+            value = self.store[self.index] = value.read()
+        return value
 
     @array.setter
     def array(self, value):

@@ -19,7 +19,7 @@ from bridge.errors import GRADIENT_OF, LoweringError
 from bridge.index_checks import CHECKS as INDEX_CHECKS, bounds as index_bounds
 from bridge.ops import LOWERINGS
 from bridge.ops.random import key_stream
-from bridge import scan_blocks
+from bridge import scan_blocks, stacked_state
 from bridge.precision import matmul_policy
 
 # A write-back of a mutated input left in a graph (bridge.capture removes its own): the
@@ -115,10 +115,12 @@ def _cast_like_meta(node, result):
 class Lowered:
     """What `lower` returns: callable as the JAX function; `checked` lists the ops whose
     results a finite check covers, in the order of its flags; `index_checks` the index
-    arguments whose bounds the last output holds (filled when the function is traced)."""
+    arguments whose bounds the last output holds (filled when the function is traced);
+    `stacked` the groups of state inputs it takes stacked (`bridge.stacked_state`)."""
 
-    def __init__(self, run, checked, index_checks=None):
+    def __init__(self, run, checked, index_checks=None, stacked=()):
         self.run, self.checked, self.index_checks = run, checked, index_checks
+        self.stacked = stacked
 
     def __call__(self, *inputs, key=None):
         return self.run(*inputs, key=key)
@@ -129,7 +131,7 @@ def _all_finite(value):
 
 
 def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = False,
-          remat_loops: bool = False) -> Lowered:
+          remat_loops: bool = False, state_count: int = 0) -> Lowered:
     """The JAX function of `gm`: ``fn(*flat_inputs, key=None) -> list of outputs``.
 
     `key` is the PRNG key random ops draw from, or a function that makes it (called only
@@ -147,6 +149,11 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
     the function has been traced; without such ops it stays empty and adds no output).
     With `remat_loops`, the gradient loop of marked layers computes their forward ops
     again instead of reading them stacked from the forward loop (`bridge.scan_blocks`).
+    With `state_count`, the first `state_count` inputs are the step's state, and its
+    first `state_count` outputs their new values: the groups of them that
+    `bridge.stacked_state.plan` finds (`Lowered.stacked`, input positions in row order)
+    are taken and returned stacked, the whole group at its first position (None at the
+    others).
     """
     check_lowerable(gm)
     constants = {}
@@ -172,6 +179,9 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
         gm, unsupported=set(INDEX_CHECKS) if check_indices else set(), remat=remat_loops)
     items = scan_blocks.order(gm, loops) if loops else nodes
     draw_numbers = scan_blocks.draw_numbers(gm) if loops else {}
+    groups = stacked_state.plan(gm, loops, state_count) if loops and state_count else []
+    in_group = {p for g in groups for p in g}
+    rows = None   # the current trace's stacked_state.Rows
 
     def lower_node(node, args, kwargs):
         if node.target is operator.getitem:
@@ -180,10 +190,20 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
         with jax.named_scope(scopes[node]), policy:
             if node.target in _WRITE_BACKS and node.args[0].op == "placeholder":
                 return args[1]
+            if loops and stacked_state.is_elementwise_foreach(node.target):
+                return stacked_state.foreach(LOWERINGS[node.target], args, kwargs, rows,
+                                             [to_jax_dtype(v.dtype) for v in node.meta["val"]])
             return _cast_like_meta(node, LOWERINGS[node.target](*args, **kwargs))
 
     def run(*inputs, key=None):
-        env, stacked = {}, {}
+        nonlocal rows
+        rows = stacked_state.Rows()
+        env = stacked_state.Env(rows)
+        if groups:
+            inputs = list(inputs)
+            for g in groups:
+                for p, part in zip(g, rows.split(inputs[g[0]])):
+                    inputs[p] = part
         index_checks.clear()
         index_values, checked_indices = [], set()
         args_iter = iter(inputs)
@@ -193,14 +213,18 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
                 jax.default_matmul_precision("highest"):
             for node in items:
                 if isinstance(node, scan_blocks.Loop):
-                    scan_blocks.run_loop(node, env, lower_node, stacked, stream)
+                    scan_blocks.run_loop(node, env, lower_node, rows, stream)
                 elif node.op == "placeholder":
                     env[node] = next(args_iter)
                 elif node.op == "get_attr":
                     env[node] = constants[node.target]
                 elif node.op == "call_function":
-                    args = fx.node.map_arg(node.args, env.__getitem__)
-                    kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+                    # An elementwise foreach op takes rows unread: it may run on their stacks.
+                    get = env.raw if loops and (
+                        stacked_state.is_elementwise_foreach(node.target)
+                        or node.target is operator.getitem) else env.__getitem__
+                    args = fx.node.map_arg(node.args, get)
+                    kwargs = fx.node.map_arg(node.kwargs, get)
                     if node in draw_numbers:   # the key it draws unrolled, in any order
                         stream.count = draw_numbers[node] - 1
                     env[node] = lower_node(node, args, kwargs)
@@ -211,7 +235,10 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
                         index_checks.extend(found)
                         index_values.extend(values)
                 elif node.op == "output":
-                    outs = list(fx.node.map_arg(node.args[0], env.__getitem__))
+                    outs = list(fx.node.map_arg(node.args[0], env.raw))
+                    stacks = {g[0]: rows.stack([outs[q] for q in g]) for g in groups}
+                    outs = [stacks.get(p) if p in in_group else rows.read(v)
+                            for p, v in enumerate(outs)]
                     if check_finite:
                         outs.append(_finite_flags(checked, env))
                     if index_values:
@@ -220,7 +247,7 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
                 else:
                     raise NotImplementedError(f"FX node kind {node.op!r} is not supported")
     return Lowered(run, [where for _, where in checked] if check_finite else None,
-                   index_checks if check_indices else None)
+                   index_checks if check_indices else None, tuple(map(tuple, groups)))
 
 
 def _finite_flags(checked, env):

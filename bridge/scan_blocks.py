@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 
 from bridge.node_marks import BLOCK, ENGINE, IN_BACKWARD
 from bridge.ops import LOWERINGS
+from bridge.stacked_state import Rows
 
 log = logging.getLogger("bridge.scan")
 
@@ -388,10 +389,10 @@ def order(gm: fx.GraphModule, loops: list) -> list:
     return out
 
 
-def run_loop(loop: Loop, env: dict, lower_node, stacked: dict, stream):
+def run_loop(loop: Loop, env: dict, lower_node, rows: Rows, stream):
     """Compute `loop` with `jax.lax.scan`: read its inputs from `env` and put every value
-    read outside the loop into it. `lower_node(node, env)` lowers one op; `stacked` maps
-    id(array) -> (stacked array, layer) for values that are a layer of a loop's output.
+    read outside the loop into it. `lower_node(node, env)` lowers one op; `rows` knows the
+    values that are a row of a stacked array (a loop's output, a stacked state input).
     A forward loop that `saves_inputs` also puts, under the key `loop`, what its gradient
     loop needs to run its body again: its stacked inputs, the values entering each layer,
     and its draw numbers."""
@@ -400,8 +401,8 @@ def run_loop(loop: Loop, env: dict, lower_node, stacked: dict, stream):
     carry_slots = {k[1]: s for s, k in enumerate(loop.kinds) if isinstance(k, tuple)}
     init = tuple(env[loop.slots[carry_slots[p]][first]] for p in loop.carry)
     xs_slots = _stacked_slots(loop)
-    index = _opaque_range(n)
-    xs = tuple(_stack([env[v] for v in loop.slots[s]], stacked, index) for s in xs_slots)
+    index = rows.index(n)
+    xs = tuple(rows.stack([env.raw(v) for v in loop.slots[s]], index) for s in xs_slots)
     draws = _draws(loop)
     fwd = loop.forward
     again = env[fwd] if fwd is not None else ((), (), ())
@@ -431,9 +432,7 @@ def run_loop(loop: Loop, env: dict, lower_node, stacked: dict, stream):
         env[loop] = (xs, tuple(ys[len(loop.ys):]), draws)
         ys = ys[:len(loop.ys)]
     for p, value in zip(loop.ys, ys):
-        for k, layer in enumerate(loop.layers):
-            part = jax.lax.dynamic_index_in_dim(value, index[k], keepdims=False)
-            stacked[id(part)] = (value, k, part)
+        for layer, part in zip(loop.layers, rows.split(value)):
             env[layer[p]] = part
     last = 0 if loop.reverse else n - 1
     for p, value in zip(loop.carry, final):
@@ -478,26 +477,3 @@ def _body(loop: Loop, slot_value: dict, draw_values, lower_node, stream) -> dict
             stream.count = draw_of[p] - 1
         local[node] = lower_node(node, args, kwargs)
     return local
-
-
-def _opaque_range(n):
-    """0 .. n-1 as values XLA cannot see: a layer's part of a stacked array is then read
-    and written at an offset the kernel takes as an argument, so the kernels of all
-    layers (the optimizer's update of each layer's parameter, say) are one kernel, which
-    XLA's CPU backend compiles once; at constant offsets each layer had kernels of its own,
-    and compiling them cost more than the loop saved."""
-    return jax.lax.optimization_barrier(jnp.arange(n, dtype=jnp.int32))
-
-
-def _stack(values, stacked, index):
-    """The per-layer `values` as one array: a loop's stacked output when they are its
-    layers in order, else written layer by layer into a new one (at `index`' offsets)."""
-    sources = [stacked.get(id(v)) for v in values]
-    if all(s is not None and s[2] is v for s, v in zip(sources, values)) \
-            and all(s[0] is sources[0][0] and s[1] == k for k, s in enumerate(sources)) \
-            and sources[0][0].shape[0] == len(values):
-        return sources[0][0]
-    out = jnp.zeros((len(values), *jnp.shape(values[0])), jnp.result_type(values[0]))
-    for k, v in enumerate(values):
-        out = jax.lax.dynamic_update_index_in_dim(out, v, index[k], 0)
-    return out

@@ -128,6 +128,8 @@ class RunState:
         self._watched: list[Entry] = []
         self._flags = (None, ())
         self.arrays_list: list = []
+        # Whether some cells hold a `Row` of a stacked array (`tracing.state_slots`).
+        self.holds_rows = False
         self.grads_from = None  # the program whose gradients the parameters' slots show
         # During a refresh: id(host tensor) -> (host tensor, device tensor that replaced it),
         # so a tensor held in two places (tied weights, an optimizer's params) stays one cell.

@@ -19,7 +19,7 @@ from bridge.device_tensor import Absent, DeviceTensor, host_read_hooks
 from cstorch.backend.process_group import global_inputs
 from cstorch.errors import MissingStateError
 from cstorch.notices import inform
-from cstorch.tracing import index_check
+from cstorch.tracing import index_check, state_slots
 from cstorch.utils.data.executor import (defer_checkpoint_closure, defer_step_closure,
                                          is_checkpoint_step, loop_end_checks,
                                          note_step_output, runs_step_closures)
@@ -97,7 +97,12 @@ def step_data(program, values, backend, call, device_inputs: DeviceInputs) -> St
     if backend.distributed:
         inputs = global_inputs(inputs, program.compiled.input_shardings, backend.process_count)
     arrays = state.arrays_list
-    if program.used is not None:
+    if program.slots is not None:
+        arrays = state_slots.arguments(program.slots, arrays)
+    elif state.holds_rows:   # a program that takes every cell on its own
+        state_slots.read_rows(arrays)
+        state.holds_rows = False
+    if program.slots is None and program.used is not None:
         arrays = [arrays[i] for i in program.used]
     return StepData(arrays, grads, device_inputs.hyper(values, backend), inputs,
                     device_inputs.rng(backend, program))
@@ -113,7 +118,10 @@ def run(program, data: StepData, backend, name: str):
         state.grads_from.grad_source.release()
     new_state, grads, outs = program.compiled(*data)
     wafer.artifact_writer.start()
-    if program.used is None:
+    if program.slots is not None:
+        state_slots.store(program.slots, state.arrays_list, new_state)
+        state.holds_rows = True
+    elif program.used is None:
         state.arrays_list[:] = new_state
     else:
         arrays = state.arrays_list

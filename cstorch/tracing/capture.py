@@ -37,7 +37,7 @@ from cstorch.notices import inform
 from cstorch.optim.optimizer import hyperparameters
 from cstorch.run.capture_context import CaptureContext, UnregisteredModule, capturing
 from cstorch.tracing import (hooks, implicit_loop_program, index_check, micro_batch,
-                             progress, python_values, reuse)
+                             progress, python_values, reuse, state_slots)
 from cstorch.tracing.arguments import Call, Results
 from cstorch.tracing.binding import bind_state, bind_hyperparameters
 from cstorch.tracing.cumulative_batch_norm import cumulative_batch_norm
@@ -286,8 +286,12 @@ def _lower(graph, backend, layout, outcome, micro):
     check_finite = csx.debug.check_finite
     check_indices = index_check.enabled(backend)
     if micro is None:
+        # A loop's parameters and their optimizer state are held stacked where the state
+        # lives on one device and the step is not an implicit loop of its own.
+        stackable = outcome.loop is None and len(backend.devices) == 1
         lowered = bridge.lower(graph, check_finite=check_finite, check_indices=check_indices,
-                               remat_loops=csx.performance.scan_blocks_remat)
+                               remat_loops=csx.performance.scan_blocks_remat,
+                               state_count=len(layout.cells) if stackable else 0)
         if outcome.loop is None:
             return lowered
         n = len(layout.cells)
@@ -307,12 +311,14 @@ def _lower(graph, backend, layout, outcome, micro):
     return lowered
 
 
-def _jax_fn(lowered, backend, layout, outcome, packing, used):
+def _jax_fn(lowered, backend, layout, outcome, packing, used, slots):
     """fn(state list, grads list, hyper, inputs list, rng) -> (state, grads, outs) of the
     lowered graph, under the backend's matmul policy and mesh annotations. The state list
-    holds the cells `used` (None: every cell)."""
+    holds the cells `used` (None: every cell), as `slots` lays them out
+    (`state_slots`)."""
     n, n_grads, n_hyper = len(layout.cells), len(outcome.grad_out), 2 * len(layout.hyper)
     taken = range(n) if used is None else used
+    groups = getattr(lowered, "stacked", ())
     untouched = [] if used is None else [
         (i, tuple(c.array.shape), c.array.dtype) for i, c in enumerate(layout.cells)
         if i not in set(used)]
@@ -324,19 +330,16 @@ def _jax_fn(lowered, backend, layout, outcome, packing, used):
         def key():
             return jax.random.fold_in(jax.random.PRNGKey(rng[0]), rng[1])
         flat_hyper = [hyper_values[i] for i in range(n_hyper)]
-        if untouched:   # stand-ins the graph never reads, which XLA leaves out
-            full = [None] * n
-            for i, a in zip(taken, state_arrays):
-                full[i] = a
-            for i, shape, dtype in untouched:
-                full[i] = jax.numpy.zeros(shape, dtype)
-            state_arrays = full
+        by_cell = state_slots.expand(slots, state_arrays, taken, groups)
+        full = [by_cell.get(i) for i in range(n)]
+        for i, shape, dtype in untouched:   # stand-ins the graph never reads, which XLA leaves out
+            full[i] = jax.numpy.zeros(shape, dtype)
         with matmul_policy(policy), bridge.box_meshes(boxes):
-            outs = lowered(*state_arrays, *grads, *flat_hyper, *inputs, key=key)
+            outs = lowered(*full, *grads, *flat_hyper, *inputs, key=key)
         grads_out = list(outs[n:n + n_grads])
         if packing is not None:
             grads_out = pack_grads(grads_out, packing)
-        return [outs[i] for i in taken], grads_out, list(outs[n + n_grads:])
+        return state_slots.contract(slots, outs[:n], groups), grads_out, list(outs[n + n_grads:])
     return jax_fn
 
 
@@ -380,16 +383,21 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None, like=()) -> Pr
                 if len(backend.devices) == 1 else None)
     used = _used_cells(graph, len(cells)) if micro is None else None
     taken = range(len(cells)) if used is None else used
-    jax_fn = _jax_fn(lowered, backend, layout, outcome, packing, used)
+    kept = _kept_state(graph, cells, backend, taken) if micro is None else ()
+    kept_cells = {taken[k] for k in kept}
+    slots = state_slots.slots(taken, [g for g in getattr(lowered, "stacked", ())
+                                      if not kept_cells.intersection(g)])
+    jax_fn = _jax_fn(lowered, backend, layout, outcome, packing, used, slots)
     inputs = [bridge.tensor_to_input(t) for t in layout.tensors]
     if backend.distributed:
         inputs = [jax.ShapeDtypeStruct(_global_shape(backend, x.shape), x.dtype) for x in inputs]
+    at = {s if type(s) is int else s[0]: k for k, s in enumerate(slots)}
     compiled = wafer.compile_step(
-        jax_fn, ([cells[i].array for i in taken], [cells[i].array for i in layout.grad_in],
+        jax_fn, ([_example(cells, s) for s in slots], [cells[i].array for i in layout.grad_in],
                  np.zeros(2 * len(layout.hyper), np.float32), inputs, np.zeros(2, np.uint32)),
         mesh=backend.mesh, artifact_dir=backend.artifacts_dir, name=name,
         compile=not backend.params.get("validate_only"), replicate_outputs=backend.distributed,
-        kept=_kept_state(graph, cells, backend, taken) if micro is None else ())
+        kept=tuple(at[taken[k]] for k in kept))
     if backend.artifacts_dir:
         backend.layout_report(file=False)
     checked = micro is None and index_check.enabled(backend)
@@ -400,8 +408,8 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None, like=()) -> Pr
         hyper=layout.hyper, results=outcome.results, out_dtypes=outcome.dtypes,
         out_shapes=outcome.shapes, closures=outcome.ctx.closures,
         uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=packing,
-        unread_grads=_unread_grad_inputs(compiled.jaxpr(), len(taken), len(layout.grad_in)),
-        used=used,
+        unread_grads=_unread_grad_inputs(compiled.jaxpr(), len(slots), len(layout.grad_in)),
+        used=used, slots=slots if len(slots) != len(taken) else None,
         grad_source=GradSource(), held_results=outcome.held,
         constants=_constants(outcome),
         python_values=python_values_of(step_fn, state.named_modules()),
@@ -409,6 +417,14 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None, like=()) -> Pr
         finite_check=getattr(lowered, "checked", None) if csx.debug.check_finite else None,
         # Filled when compile_step traced the function; empty: no such output.
         index_checks=(lowered.index_checks or None) if checked else None)
+
+
+def _example(cells, slot):
+    """A state entry of the program as the compiler is shown it."""
+    if type(slot) is int:
+        return cells[slot].array
+    first = cells[slot[0]].array
+    return jax.ShapeDtypeStruct((len(slot), *first.shape), first.dtype)
 
 
 def _grad_rule(layout, outcome) -> dict:

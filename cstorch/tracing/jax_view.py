@@ -59,12 +59,18 @@ class JaxStep:
         # here they follow the (possibly traced) values.
         hyper = jax.numpy.stack(values + [1 - v for v in values]) if values \
             else jax.numpy.zeros(0, jax.numpy.float32)
-        taken = names if p.used is None else [names[i] for i in p.used]
+        slots = p.slots if p.slots is not None else \
+            range(len(names)) if p.used is None else p.used
         new_state, grads, outs = p.jax_fn(
-            [state[n] for n in taken], [state[f"{names[i]}.grad"] for i in p.grad_inputs],
-            hyper, list(inputs), rng)
+            [state[names[s]] if type(s) is int else
+             jax.numpy.stack([state[names[i]] for i in s]) for s in slots],
+            [state[f"{names[i]}.grad"] for i in p.grad_inputs], hyper, list(inputs), rng)
         result = {n: state[n] for n in names}
-        result.update(zip(taken, new_state))
+        for s, value in zip(slots, new_state):
+            if type(s) is int:
+                result[names[s]] = value
+            else:
+                result.update((names[i], value[k]) for k, i in enumerate(s))
         if p.grad_layout is not None:
             grads = [unpack((grads[f], offset, shape)) for f, offset, shape in p.grad_layout]
         result.update({f"{names[i]}.grad": g for i, g in zip(p.grad_outputs, grads)})

@@ -57,6 +57,9 @@ class Program:
     # other cells, which the step neither reads nor writes (a model it does not use), stay
     # out of the program and keep their arrays.
     used: tuple | None = None
+    # The program's state list where it holds groups of cells stacked (`state_slots`): per
+    # entry a cell index or a group's cell indices. None: one entry per cell of `used`.
+    slots: tuple | None = None
 
     def constants_changed(self):
         """The first constant written in place (or given new data) since the capture,

@@ -334,7 +334,8 @@ def _path(directory, digest):
 
 
 _META = ("names", "grad_inputs", "grad_outputs", "grad_rule", "hyper", "results",
-         "out_dtypes", "out_shapes", "uses_rng", "grad_layout", "unread_grads", "held_results", "used")
+         "out_dtypes", "out_shapes", "uses_rng", "grad_layout", "unread_grads", "held_results", "used",
+         "slots")
 
 
 def store(directory, digest, program, sources: dict):

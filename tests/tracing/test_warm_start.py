@@ -71,15 +71,17 @@ losses = []
 for _ in range(3):
     x, y = torch.randn(4, 8, generator=gen), torch.randint(0, 3, (4,), generator=gen)
     losses.append(float(step(x, y)))
+stacked = sum(type(s) is tuple for ps in step.programs.values() for p in ps for s in p.slots or ())
 print(json.dumps({"captures": step.captures, "warm": step.warm_starts, "losses": losses,
+                  "stacked": stacked,
                   "weights": {k: v.tolist() for k, v in model.state_dict().items()}}))
 '''
 
 
-def _run(tmp_path, **env_extra):
+def _run(tmp_path, script=SCRIPT, **env_extra):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}",
            **env_extra}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "compile_dir")],
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "compile_dir")],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
@@ -127,6 +129,38 @@ def test_an_unchanged_script_takes_the_stored_program(tmp_path):
     assert (warm["captures"], warm["warm"]) == (0, 1)   # no capture in the second process
     assert warm["losses"] == cold["losses"] and warm["weights"] == cold["weights"]
     _close(warm["losses"], _eager(1.0))
+
+
+def test_a_stored_program_holding_looped_layers_state_stacked(tmp_path):
+    # With scan_blocks, the program takes the layers' parameters and moments stacked
+    # (`cstorch.tracing.state_slots`): the stored program keeps that layout.
+    script = SCRIPT.replace(
+        "model = Net(", "cstorch.backends.csx.performance.scan_blocks = True\nmodel = Net(")
+    source = MODEL.replace("self.fc1 = nn.Linear(8, 16)", "self.fc1 = nn.Linear(8, 16)\n"
+                           "        self.blocks = nn.Sequential(*[nn.Linear(16, 16) for _ in range(3)])")
+    source = source.replace("torch.tanh(self.fc1(x))", "self.blocks(torch.tanh(self.fc1(x)))")
+    _model_file(tmp_path, source)
+    cold, _ = _run(tmp_path, script)
+    warm, _ = _run(tmp_path, script)
+    assert (cold["captures"], cold["warm"], warm["captures"], warm["warm"]) == (1, 0, 0, 1)
+    assert cold["stacked"] >= 4 and warm["stacked"] == cold["stacked"]   # weights, biases, momenta
+    assert warm["losses"] == cold["losses"] and warm["weights"] == cold["weights"]
+    torch.manual_seed(0)
+    fc1, blocks, fc2 = (torch.nn.Linear(8, 16),
+                        torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)]),
+                        torch.nn.Linear(16, 3))
+    params = [*fc1.parameters(), *blocks.parameters(), *fc2.parameters()]
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(3):
+        x, y = torch.randn(4, 8, generator=gen), torch.randint(0, 3, (4,), generator=gen)
+        loss = torch.nn.functional.cross_entropy(fc2(blocks(torch.tanh(fc1(x)))), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    _close(warm["losses"], losses)
 
 
 @pytest.mark.slow

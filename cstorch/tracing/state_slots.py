@@ -1,0 +1,88 @@
+"""The state list a program takes and returns: one array per state cell it uses, except
+that a group of cells the program holds stacked (`bridge.stacked_state`: a loop's
+per-layer parameters and their optimizer state) is one array, at its first cell's place.
+
+Between steps such a group's cells hold `Row`s of the array the program returned, so the
+next call passes that array on as it is; a cell read or written in between holds an
+array of its own, and its group is stacked again for the next call.
+"""
+import jax
+import jax.numpy as jnp
+
+from bridge.device_tensor import Row
+
+
+def slots(taken, groups) -> tuple:
+    """Per entry of the program's state list: a cell index, or a group's cell indices."""
+    first = {g[0]: tuple(g) for g in groups}
+    member = {i for g in groups for i in g}
+    return tuple(first.get(i, i) for i in taken if i in first or i not in member)
+
+
+def arguments(program_slots, arrays) -> list:
+    """The program's state list from the run's arrays (`RunState.arrays_list`)."""
+    out = []
+    for s in program_slots:
+        if type(s) is int:
+            out.append(arrays[s])
+            continue
+        values = [arrays[i] for i in s]
+        first = values[0]
+        if all(type(v) is Row and v.stack is first.stack and v.k == k
+               for k, v in enumerate(values)) and first.stack.shape[0] == len(s):
+            out.append(first.stack)
+        else:
+            out.append(_stack(*[v.read() if type(v) is Row else v for v in values]))
+    return out
+
+
+def store(program_slots, arrays, new_state):
+    """The run's arrays take the program's new state."""
+    for s, value in zip(program_slots, new_state):
+        if type(s) is int:
+            arrays[s] = value
+        else:
+            for k, i in enumerate(s):
+                arrays[i] = Row(value, k)
+
+
+def read_rows(arrays):
+    """Every `Row` among the run's arrays made an array of its own."""
+    for i, a in enumerate(arrays):
+        if type(a) is Row:
+            arrays[i] = a.read()
+
+
+@jax.jit
+def _stack(*values):
+    return jnp.stack(values)
+
+
+def expand(program_slots, values, taken, groups) -> dict:
+    """{cell index: value} for the lowered function, whose `groups` each take one stacked
+    value at their first cell: from the program's state list `values`, stacking the
+    groups the program takes cell by cell."""
+    by_cell = {}
+    for s, v in zip(program_slots, values):
+        if type(s) is int:
+            by_cell[s] = v
+        else:
+            by_cell[s[0]] = v
+            by_cell.update((i, None) for i in s[1:])
+    for g in groups:
+        if by_cell.get(g[1]) is not None:   # taken cell by cell
+            by_cell[g[0]] = jnp.stack([by_cell[i] for i in g])
+            by_cell.update((i, None) for i in g[1:])
+    return {i: by_cell[i] for i in taken}
+
+
+def contract(program_slots, outs: list, groups) -> list:
+    """The program's state list from the lowered function's state outputs (one per cell,
+    each group's stacked value at its first cell)."""
+    unstacked = {}
+    taken_whole = {s[0] for s in program_slots if type(s) is not int}
+    for g in groups:
+        if g[0] not in taken_whole:
+            unstacked.update((i, outs[g[0]][k]) for k, i in enumerate(g))
+    return [outs[s[0]] if type(s) is not int else unstacked.get(s, outs[s])
+            for s in program_slots]

@@ -1,0 +1,222 @@
+"""With `scan_blocks`, a loop's per-layer parameters and the optimizer state updated
+alongside them are held stacked (`bridge.stacked_state`, `cstorch.tracing.state_slots`):
+the program takes one array per kind, the state stays owned by name, and training equals
+eager PyTorch's, also with reads and `.data` writes between steps."""
+import copy
+import re
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+import cerebras.pytorch as cstorch
+from bridge.device_tensor import Row
+from tests.bridge.test_scan_blocks import Model, _batches, _loss
+from tests.models import rel_err
+
+LAYERS = 4
+
+
+def _adamw(module, model):
+    return module.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+
+@pytest.fixture
+def scan_blocks():
+    before = cstorch.backends.csx.performance.scan_blocks
+    cstorch.backends.csx.performance.scan_blocks = True
+    yield
+    cstorch.backends.csx.performance.scan_blocks = before
+
+
+def _traced(model):
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+    optimizer = _adamw(cstorch.optim, model)
+
+    @cstorch.trace
+    def step(tokens):
+        loss = _loss(compiled, tokens)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+    return step, optimizer
+
+
+def _eager(model, batches, between=None):
+    optimizer = _adamw(cstorch.optim, model)
+    losses = []
+    for k, tokens in enumerate(batches):
+        if between is not None and k == 1:
+            between(model, optimizer)
+        loss = _loss(model, tokens)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return torch.stack(losses), optimizer
+
+
+def _program(step):
+    (program,) = [p for ps in step.programs.values() for p in ps]
+    return program
+
+
+def _state_inputs(step) -> int:
+    text = _program(step).compiled.lowered.as_text()
+    main = re.search(r"func\.func public @main\((.*?)\) ->", text, re.S).group(1)
+    return main.count("%arg")
+
+
+def _compare(model, reference, optimizer, ref_optimizer):
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert rel_err(p.detach(), q.detach()) < 1e-4, name
+    ours, theirs = optimizer.state_dict()["state"], ref_optimizer.state_dict()["state"]
+    assert ours.keys() == theirs.keys()
+    for i in theirs:
+        for key, value in theirs[i].items():
+            if isinstance(value, torch.Tensor):
+                assert rel_err(ours[i][key], value) < 1e-4, (i, key)
+
+
+def test_looped_layers_state_is_stacked_and_trains_as_eager(scan_blocks):
+    torch.manual_seed(0)
+    model = Model(layers=LAYERS)
+    reference = copy.deepcopy(model)
+    batches = _batches()
+    step, optimizer = _traced(model)
+    losses = torch.stack([step(t).detach().clone() for t in batches])
+    ref_losses, ref_optimizer = _eager(reference, batches)
+    assert rel_err(losses, ref_losses) < 1e-4
+    _compare(model, reference, optimizer, ref_optimizer)
+
+    program = _program(step)
+    names = program.names
+    groups = [s for s in program.slots if type(s) is not int]
+    # Each of a layer's 12 parameters, with its two moments: one array for all 4 layers.
+    assert len(groups) >= 3 * 12
+    assert all(len(g) == LAYERS for g in groups)
+    stacked = {names[i] for g in groups for i in g}
+    for k in range(LAYERS):
+        assert f"model.blocks.{k}.qkv.weight" in stacked
+    for g in groups:   # a group is one tensor of each layer, in the layers' order
+        layer_of = [re.search(r"blocks\.(\d+)\.", names[i]) for i in g]
+        if all(layer_of):
+            assert [int(m.group(1)) for m in layer_of] == list(range(LAYERS))
+            assert len({re.sub(r"blocks\.\d+\.", "", names[i]) for i in g}) == 1
+
+
+def test_stacked_program_takes_fewer_arrays_than_the_unrolled_one(scan_blocks):
+    torch.manual_seed(0)
+    model = Model(layers=LAYERS)
+    other = copy.deepcopy(model)
+    batches = _batches(1)
+    step, _ = _traced(model)
+    step(batches[0])
+    stacked_inputs = _state_inputs(step)
+    cstorch.backends.csx.performance.scan_blocks = False
+    step2, _ = _traced(other)
+    step2(batches[0])
+    unrolled_inputs = _state_inputs(step2)
+    groups = [s for s in _program(step).slots if type(s) is not int]
+    assert groups
+    assert unrolled_inputs - stacked_inputs == sum(len(g) - 1 for g in groups)
+
+
+def test_reads_and_data_writes_between_steps(scan_blocks):
+    torch.manual_seed(0)
+    model = Model(layers=LAYERS)
+    reference = copy.deepcopy(model)
+    batches = _batches()
+    step, optimizer = _traced(model)
+    seen = {}
+
+    def between(m, opt):
+        # A read of one layer's parameter and moment, then writes to another layer's.
+        seen["weight"] = m.blocks[2].qkv.weight.detach().clone()
+        first = next(iter(opt.state.values()))
+        seen["exp_avg"] = first["exp_avg"].detach().clone()
+        with torch.no_grad():
+            m.blocks[1].ff1.weight.data.mul_(0.5)
+            opt.state[m.blocks[3].proj.weight]["exp_avg"].zero_()
+
+    losses = []
+    for k, tokens in enumerate(batches):
+        if k == 1:
+            between(model, optimizer)
+            ours = dict(seen)
+        losses.append(step(tokens).detach().clone())
+    ref_losses, ref_optimizer = _eager(reference, batches, between)
+    assert rel_err(ours["weight"], seen["weight"]) < 1e-4
+    assert rel_err(ours["exp_avg"], seen["exp_avg"]) < 1e-4
+    assert rel_err(torch.stack(losses), ref_losses) < 1e-4
+    _compare(model, reference, optimizer, ref_optimizer)
+    assert step.captures == 1
+
+
+def test_cells_hold_rows_of_the_returned_arrays(scan_blocks):
+    torch.manual_seed(0)
+    model = Model(layers=LAYERS)
+    step, _ = _traced(model)
+    for t in _batches(2):
+        step(t)
+    state = model.blocks[0].qkv.weight.cell.store
+    rows = [a for a in state if type(a) is Row]
+    assert rows, "no state is held stacked"
+    stacks = {id(r.stack) for r in rows}
+    assert len(stacks) < len(rows)
+    # Reading a row gives that layer's values and makes it an array of its own.
+    weight = model.blocks[2].qkv.weight
+    index = weight.cell.index
+    row = state[index]
+    assert type(row) is Row and row.k == 2
+    expected = np.asarray(row.stack)[2]
+    np.testing.assert_array_equal(weight.detach().numpy(), expected)
+    assert type(state[index]) is not Row
+
+
+def test_to_jax_of_a_stacked_step(scan_blocks):
+    torch.manual_seed(0)
+    model = Model(layers=LAYERS)
+    batches = _batches(2)
+    step, _ = _traced(model)
+    step(batches[0])
+    view = step.to_jax(batches[1])
+    new_state, (loss,) = jax.jit(view.fn)(*view.args)
+    got = step(batches[1])
+    # (XLA fuses the two compiles apart, and Adam's division carries the last bits)
+    assert rel_err(torch.tensor(float(loss)), got.detach()) < 1e-6
+    for name, p in model.named_parameters():
+        assert rel_err(torch.tensor(np.asarray(new_state[f"model.{name}"])), p.detach()) \
+            < 1e-5, name
+
+
+def test_a_program_taking_cells_one_by_one_after_a_stacked_one(scan_blocks):
+    torch.manual_seed(0)
+    model = Model(layers=LAYERS)
+    reference = copy.deepcopy(model)
+    batches = _batches(3)
+    step, optimizer = _traced(model)
+
+    @cstorch.trace
+    def squares():   # no layer runs: no loop, every parameter taken on its own
+        with torch.no_grad():
+            return sum(p.square().sum() for p in model.parameters())
+
+    got = []
+    for t in batches:
+        step(t)
+        got.append(float(squares()))
+    ref_optimizer = _adamw(cstorch.optim, reference)
+    expected = []
+    for t in batches:
+        loss = _loss(reference, t)
+        ref_optimizer.zero_grad()
+        loss.backward()
+        ref_optimizer.step()
+        with torch.no_grad():
+            expected.append(float(sum(p.square().sum() for p in reference.parameters())))
+    assert rel_err(torch.tensor(got), torch.tensor(expected)) < 1e-4
+    assert step.captures == 1
