@@ -405,8 +405,9 @@ class GradSource:
 
 class GradSlot:
     """One tensor's place in a `GradSource`: `where` is None (the step leaves no gradient),
-    ``(index, None, None)`` (output `index`) or ``(index, offset, shape)`` (a part of a
-    packed output). The gradient is pending until taken or overwritten."""
+    ``(index, None, None)`` (output `index`), ``(index, offset, shape)`` (a part of a
+    packed output) or ``(index, k, None)`` (row k of a stacked output). The gradient is
+    pending until taken or overwritten."""
     __slots__ = ("source", "where", "seen")
 
     def __init__(self):
@@ -437,6 +438,8 @@ def unpack(value):
     """The array a gradient slot's value stands for."""
     if type(value) is tuple:
         flat, offset, shape = value
+        if shape is None:
+            return _row(flat, offset)
         size = 1
         for d in shape:
             size *= d

@@ -116,11 +116,12 @@ class Lowered:
     """What `lower` returns: callable as the JAX function; `checked` lists the ops whose
     results a finite check covers, in the order of its flags; `index_checks` the index
     arguments whose bounds the last output holds (filled when the function is traced);
-    `stacked` the groups of state inputs it takes stacked (`bridge.stacked_state`)."""
+    `stacked` the groups of state inputs it takes stacked (`bridge.stacked_state`), and
+    `stacked_grads` the groups of gradient outputs it returns stacked."""
 
-    def __init__(self, run, checked, index_checks=None, stacked=()):
+    def __init__(self, run, checked, index_checks=None, stacked=(), stacked_grads=()):
         self.run, self.checked, self.index_checks = run, checked, index_checks
-        self.stacked = stacked
+        self.stacked, self.stacked_grads = stacked, stacked_grads
 
     def __call__(self, *inputs, key=None):
         return self.run(*inputs, key=key)
@@ -131,7 +132,7 @@ def _all_finite(value):
 
 
 def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = False,
-          remat_loops: bool = False, state_count: int = 0) -> Lowered:
+          remat_loops: bool = False, state_count: int = 0, grad_count: int = 0) -> Lowered:
     """The JAX function of `gm`: ``fn(*flat_inputs, key=None) -> list of outputs``.
 
     `key` is the PRNG key random ops draw from, or a function that makes it (called only
@@ -153,7 +154,9 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
     first `state_count` outputs their new values: the groups of them that
     `bridge.stacked_state.plan` finds (`Lowered.stacked`, input positions in row order)
     are taken and returned stacked, the whole group at its first position (None at the
-    others).
+    others). With `grad_count`, the next `grad_count` outputs are the gradients the step
+    leaves: those that are a loop's stacked output, layer by layer, are returned as that
+    array the same way (`Lowered.stacked_grads`, gradient positions in row order).
     """
     check_lowerable(gm)
     constants = {}
@@ -180,6 +183,8 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
     items = scan_blocks.order(gm, loops) if loops else nodes
     draw_numbers = scan_blocks.draw_numbers(gm) if loops else {}
     groups = stacked_state.plan(gm, loops, state_count) if loops and state_count else []
+    if loops and grad_count:
+        groups += stacked_state.output_groups(gm, loops, state_count, grad_count)
     in_group = {p for g in groups for p in g}
     rows = None   # the current trace's stacked_state.Rows
 
@@ -201,7 +206,7 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
         env = stacked_state.Env(rows)
         if groups:
             inputs = list(inputs)
-            for g in groups:
+            for g in (g for g in groups if g[0] < state_count):   # state inputs
                 for p, part in zip(g, rows.split(inputs[g[0]])):
                     inputs[p] = part
         index_checks.clear()
@@ -247,7 +252,10 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
                 else:
                     raise NotImplementedError(f"FX node kind {node.op!r} is not supported")
     return Lowered(run, [where for _, where in checked] if check_finite else None,
-                   index_checks if check_indices else None, tuple(map(tuple, groups)))
+                   index_checks if check_indices else None,
+                   tuple(tuple(g) for g in groups if g[0] < state_count),
+                   tuple(tuple(p - state_count for p in g) for g in groups
+                         if g[0] >= state_count))
 
 
 def _finite_flags(checked, env):

@@ -130,6 +130,29 @@ def plan(gm: fx.GraphModule, loops, n_state: int) -> list:
     return [tuple(position[n] for n in nodes) for nodes in groups]
 
 
+def output_groups(gm: fx.GraphModule, loops, first: int, count: int) -> list:
+    """Groups of output positions among `first` .. `first + count - 1` (the gradients a
+    step leaves), in row order, whose values are the rows of one of `loops`' stacked
+    outputs in the layers' order: the program returns each group as that array."""
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    where = {}
+    for p in range(first, first + count):
+        node = output.args[0][p]
+        while isinstance(node, fx.Node):   # the output, and what it is an alias of
+            where.setdefault(node, []).append(p)
+            if node.op != "call_function" or node.target not in _SAME_VALUE:
+                break
+            node = node.args[0]
+    groups = []
+    for loop in loops:
+        for q in loop.ys:
+            nodes = [layer[q] for layer in loop.layers]
+            places = [where.get(n, ()) for n in nodes]
+            if all(len(x) == 1 for x in places) and len({x[0] for x in places}) == len(nodes):
+                groups.append(tuple(x[0] for x in places))
+    return groups
+
+
 def opaque_range(n):
     """0 .. n-1 as values XLA cannot see: a row of a stacked array is then read and written
     at an offset the kernel takes as an argument, so the kernels of all rows (the

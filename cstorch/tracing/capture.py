@@ -281,8 +281,9 @@ def _expand(layers, updates):
     return expand
 
 
-def _lower(graph, backend, layout, outcome, micro):
-    """The graph as a JAX function, with the debug checks asked for."""
+def _lower(graph, backend, layout, outcome, micro, stack_grads=False):
+    """The graph as a JAX function, with the debug checks asked for. With `stack_grads`,
+    gradients a loop leaves stacked may be returned that way (not when they are packed)."""
     check_finite = csx.debug.check_finite
     check_indices = index_check.enabled(backend)
     if micro is None:
@@ -291,7 +292,9 @@ def _lower(graph, backend, layout, outcome, micro):
         stackable = outcome.loop is None and len(backend.devices) == 1
         lowered = bridge.lower(graph, check_finite=check_finite, check_indices=check_indices,
                                remat_loops=csx.performance.scan_blocks_remat,
-                               state_count=len(layout.cells) if stackable else 0)
+                               state_count=len(layout.cells) if stackable else 0,
+                               grad_count=len(outcome.grad_out) if stackable and stack_grads
+                               else 0)
         if outcome.loop is None:
             return lowered
         n = len(layout.cells)
@@ -377,10 +380,11 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None, like=()) -> Pr
         if found is not None:
             return found
     progress.phase("lowering and compiling")
-    lowered = _lower(graph, backend, layout, outcome, micro)
     cells = layout.cells
     packing = (grad_layout([cells[i] for i in outcome.grad_out])
                 if len(backend.devices) == 1 else None)
+    lowered = _lower(graph, backend, layout, outcome, micro, stack_grads=packing is None)
+    rows = _grad_rows(getattr(lowered, "stacked_grads", ()), len(outcome.grad_out))
     used = _used_cells(graph, len(cells)) if micro is None else None
     taken = range(len(cells)) if used is None else used
     kept = _kept_state(graph, cells, backend, taken) if micro is None else ()
@@ -407,7 +411,7 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None, like=()) -> Pr
         grad_rule=_grad_rule(layout, outcome),
         hyper=layout.hyper, results=outcome.results, out_dtypes=outcome.dtypes,
         out_shapes=outcome.shapes, closures=outcome.ctx.closures,
-        uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=packing,
+        uses_rng=_reads_last_input(compiled.jaxpr()), grad_layout=packing or rows,
         unread_grads=_unread_grad_inputs(compiled.jaxpr(), len(slots), len(layout.grad_in)),
         used=used, slots=slots if len(slots) != len(taken) else None,
         grad_source=GradSource(), held_results=outcome.held,
@@ -417,6 +421,18 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None, like=()) -> Pr
         finite_check=getattr(lowered, "checked", None) if csx.debug.check_finite else None,
         # Filled when compile_step traced the function; empty: no such output.
         index_checks=(lowered.index_checks or None) if checked else None)
+
+
+def _grad_rows(groups, count):
+    """The gradient slots' places (`GradSlot.where`) where the program returns groups of
+    gradients stacked: row k of the group's output; None where it returns none so."""
+    if not groups:
+        return None
+    where = [(j, None, None) for j in range(count)]
+    for g in groups:
+        for k, j in enumerate(g):
+            where[j] = (g[0], k, None)
+    return where
 
 
 def _example(cells, slot):

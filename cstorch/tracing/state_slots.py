@@ -8,6 +8,7 @@ array of its own, and its group is stacked again for the next call.
 """
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bridge.device_tensor import Row
 
@@ -21,8 +22,8 @@ def slots(taken, groups) -> tuple:
 
 def arguments(program_slots, arrays) -> list:
     """The program's state list from the run's arrays (`RunState.arrays_list`)."""
-    out = []
-    for s in program_slots:
+    out, unstacked = [], {}
+    for k, s in enumerate(program_slots):
         if type(s) is int:
             out.append(arrays[s])
             continue
@@ -32,7 +33,11 @@ def arguments(program_slots, arrays) -> list:
                for k, v in enumerate(values)) and first.stack.shape[0] == len(s):
             out.append(first.stack)
         else:
-            out.append(_stack(*[v.read() if type(v) is Row else v for v in values]))
+            out.append(None)
+            unstacked[k] = [v.read() if type(v) is Row else v for v in values]
+    if unstacked:   # the first call, or cells read or written since the last one
+        for k, stacked in zip(unstacked, _stack_all(list(unstacked.values()))):
+            out[k] = stacked
     return out
 
 
@@ -53,9 +58,19 @@ def read_rows(arrays):
             arrays[i] = a.read()
 
 
+def _stack_all(groups: list) -> list:
+    """Each group of arrays stacked. On the host's CPU devices the values are stacked by
+    numpy, which compiles nothing (a first call stacks dozens of shapes); elsewhere by one
+    program for all groups."""
+    (device,) = groups[0][0].sharding.device_set
+    if device.platform == "cpu":
+        return [jax.device_put(np.stack([np.asarray(v) for v in g]), device) for g in groups]
+    return _stack_groups(groups)
+
+
 @jax.jit
-def _stack(*values):
-    return jnp.stack(values)
+def _stack_groups(groups):
+    return [jnp.stack(g) for g in groups]
 
 
 def expand(program_slots, values, taken, groups) -> dict:

@@ -220,3 +220,60 @@ def test_a_program_taking_cells_one_by_one_after_a_stacked_one(scan_blocks):
             expected.append(float(sum(p.square().sum() for p in reference.parameters())))
     assert rel_err(torch.tensor(got), torch.tensor(expected)) < 1e-4
     assert step.captures == 1
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, width=128):
+        super().__init__()
+        self.fc = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x))
+
+
+def _deep():
+    # Gradients of 64 KiB on average: returned one array each, not packed into one
+    # (grad_packing), so the layers' are returned stacked. The first layer's input needs
+    # a gradient as the others' do, so that their gradients are one loop.
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(128, 128), *[Layer() for _ in range(LAYERS)])
+
+
+@pytest.mark.parametrize("zero_grad", [True, False], ids=["AdamW", "accumulated"])
+def test_gradients_returned_stacked(scan_blocks, zero_grad):
+    # With zero_grad, AdamW steps; without, each call adds to the gradients the previous
+    # one left, which it takes as inputs (rows of that call's stacked output).
+    model = _deep()
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(1)
+    batches = [torch.randn(8, 128, generator=gen) for _ in range(3)]
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+    optimizer = _adamw(cstorch.optim, model)
+    ref_optimizer = _adamw(cstorch.optim, reference)
+
+    @cstorch.trace
+    def step(x):
+        loss = compiled(x).square().mean()
+        if zero_grad:
+            optimizer.zero_grad()
+        loss.backward()
+        if zero_grad:
+            optimizer.step()
+        return loss
+
+    for x in batches:
+        step(x)
+        loss = reference(x).square().mean()
+        if zero_grad:
+            ref_optimizer.zero_grad()
+        loss.backward()
+        if zero_grad:
+            ref_optimizer.step()
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert rel_err(p.grad, q.grad) < 1e-4, name
+        assert rel_err(p.detach(), q.detach()) < 1e-4, name
+    for programs in step.programs.values():
+        for program in programs:   # (without zero_grad, the first call has no gradients)
+            rows = [w for w in program.grad_layout if w[2] is None and w[1] is not None]
+            assert {w[1] for w in rows} == set(range(LAYERS)) and len(rows) == 2 * LAYERS
