@@ -187,9 +187,11 @@ class Performance(_FlagGroup):
       forward and gradients, instead of once per layer; the program computes what the
       unrolled one does. Layers that differ are unrolled and the reason logged at INFO
       (logger `bridge.scan`); not applied to micro-batched steps (`docs/scan-blocks.md`).
-      Off by default: on the CPU backend the loop compiled no faster than the unrolled
-      layers, whose kernels XLA compiles once for all layers, and adds a copy of the
-      layers' parameters per step (`docs/benchmarks.md`).
+      On one device the layers' parameters, their optimizer state and their gradients
+      are held stacked, so a deep model's first step compiles in about the same time
+      whatever its depth. Off by default: on the CPU backend the looped steps themselves
+      ran slower than the unrolled ones, and below some 20 layers the loop also compiled
+      slower (`docs/benchmarks.md`, "State held stacked").
     - `scan_blocks_remat` (default False; with `scan_blocks`): True makes the loop over the
       layers' gradients compute each layer's forward ops again (activation
       rematerialisation, as `jax.checkpoint` would) instead of reading every layer's
