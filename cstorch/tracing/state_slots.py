@@ -25,7 +25,10 @@ def arguments(program_slots, arrays) -> list:
     out, unstacked = [], {}
     for k, s in enumerate(program_slots):
         if type(s) is int:
-            out.append(arrays[s])
+            value = arrays[s]
+            if type(value) is Row:   # a row of another program's group, taken on its own
+                value = arrays[s] = value.read()
+            out.append(value)
             continue
         values = [arrays[i] for i in s]
         first = values[0]

@@ -277,3 +277,40 @@ def test_gradients_returned_stacked(scan_blocks, zero_grad):
         for program in programs:   # (without zero_grad, the first call has no gradients)
             rows = [w for w in program.grad_layout if w[2] is None and w[1] is not None]
             assert {w[1] for w in rows} == set(range(LAYERS)) and len(rows) == 2 * LAYERS
+
+
+def test_another_looped_program_reads_one_cell_of_a_stacked_group(scan_blocks):
+    # The second program loops over the layers too (its own stacked parameters), and
+    # takes one layer's moment on its own, a row of the training step's stacked moments.
+    torch.manual_seed(0)
+    model = Model(layers=LAYERS)
+    reference = copy.deepcopy(model)
+    batches = _batches(2)
+    step, optimizer = _traced(model)
+    compiled = model   # compiled in place: the module the step closes over
+
+    @cstorch.trace
+    def probe(tokens):
+        with torch.no_grad():
+            loss = _loss(compiled, tokens)
+        moment = optimizer.state[model.blocks[1].qkv.weight]["exp_avg"]
+        return loss, moment * 1
+
+    step(batches[0])
+    probe(batches[1])   # captured here: its capture reads every cell
+    step(batches[1])    # the training step's cells hold rows again
+    loss, moment = probe(batches[1])
+    assert probe.captures == 1 and step.captures == 1
+    ref_optimizer = _adamw(cstorch.optim, reference)
+    for t in batches:
+        ref = _loss(reference, t)
+        ref_optimizer.zero_grad()
+        ref.backward()
+        ref_optimizer.step()
+    with torch.no_grad():
+        ref_loss = _loss(reference, batches[1])
+    ref_moment = ref_optimizer.state[reference.blocks[1].qkv.weight]["exp_avg"]
+    assert rel_err(loss.detach(), ref_loss) < 1e-4
+    assert rel_err(moment, ref_moment) < 1e-4
+    assert any(type(s) is not int for ps in probe.programs.values() for p in ps
+               for s in p.slots or ())
