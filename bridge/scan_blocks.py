@@ -71,6 +71,11 @@ class Loop:
     saves_inputs: bool = False
     forward: "Loop | None" = None
     recompute: dict = field(default_factory=dict)
+    # Slots of a gradient loop whose per-layer values are views of a forward loop's
+    # per-layer inputs (a linear layer's transposed weight): slot -> (the inputs' nodes,
+    # the forward body's view ops from input to value), computed again in the body
+    # instead of stacked by the forward loop (`recompute_views`).
+    views: dict = field(default_factory=dict)
 
     @property
     def nodes(self):
@@ -103,7 +108,66 @@ def plan(gm: fx.GraphModule, unsupported=frozenset(), remat: bool = False) -> li
             log.info("the layers of %s are compiled one by one: %s", name, e)
     if remat:
         rematerialise(loops)
+    else:
+        recompute_views(loops)
     return loops
+
+
+# Ops that only view their one tensor argument: computed again per layer, they cost a
+# layout change at most, where stacking their results copies them for every layer.
+_VIEWS = {torch.ops.aten.permute.default, torch.ops.aten.t.default,
+          torch.ops.aten.transpose.int, torch.ops.aten.view.default,
+          torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default,
+          torch.ops.aten.expand.default, torch.ops.aten.unsqueeze.default,
+          torch.ops.aten.alias.default, torch.ops.aten.detach.default}
+
+
+def recompute_views(loops: list):
+    """For each run's gradient loop, take the forward values it reads that are views of
+    the layer's own inputs (a linear layer's transposed weight) as those inputs, and view
+    them again in its body: the forward loop no longer stacks them."""
+    runs: dict = {}
+    for loop in loops:
+        runs.setdefault(loop.run, {})[loop.reverse] = loop
+    for run, pair in sorted(runs.items()):
+        fwd, bwd = pair.get(False), pair.get(True)
+        if fwd is None or bwd is None or len(fwd.layers) != len(bwd.layers):
+            continue
+        for s, (how, q) in _recomputable(fwd, bwd).items():
+            chain = _view_chain(fwd, q) if how == "at" else None
+            if chain is not None:
+                bwd.views[s] = chain
+        if bwd.views:
+            kept = [p for p in fwd.ys if _read_unless_recomputed(fwd, bwd, p)]
+            log.info("the gradients of %s view %d forward values again: %d of %d stacked "
+                     "forward values no longer kept", run, len(bwd.views),
+                     len(fwd.ys) - len(kept), len(fwd.ys))
+            fwd.ys = kept
+
+
+def _view_chain(fwd: Loop, q: int):
+    """(per-layer input nodes, view ops) when forward body position `q` is view ops
+    applied to one of the layer's stacked inputs, else None."""
+    body = fwd.layers[0]
+    at = {n: p for p, n in enumerate(body)}
+    chain, p = [], q
+    while True:
+        node = body[p]
+        if node.target not in _VIEWS:
+            return None
+        leaves = pytree.tree_flatten((node.args, node.kwargs))[0]
+        tensors = [j for j, leaf in enumerate(leaves) if isinstance(leaf, fx.Node)]
+        if len(tensors) != 1:
+            return None
+        chain.append(node)
+        leaf = leaves[tensors[0]]
+        if leaf in at:
+            p = at[leaf]
+            continue
+        slot = fwd.arg_slots.get((p, tensors[0]))
+        if slot is None or fwd.kinds[slot] != "xs":
+            return None
+        return fwd.slots[slot], chain[::-1]
 
 
 def rematerialise(loops: list):
@@ -179,6 +243,7 @@ def _read_unless_recomputed(fwd: Loop, bwd: Loop, p: int) -> bool:
                 return True
             leaves = pytree.tree_flatten((user.args, user.kwargs))[0]
             if any(leaf is node and bwd.arg_slots.get((q, j)) not in bwd.recompute
+                   and bwd.arg_slots.get((q, j)) not in bwd.views
                    for j, leaf in enumerate(leaves)):
                 return True
     return False
@@ -403,6 +468,8 @@ def run_loop(loop: Loop, env: dict, lower_node, rows: Rows, stream):
     xs_slots = _stacked_slots(loop)
     index = rows.index(n)
     xs = tuple(rows.stack([env.raw(v) for v in loop.slots[s]], index) for s in xs_slots)
+    views = sorted(loop.views)
+    view_xs = tuple(rows.stack([env.raw(v) for v in loop.views[s][0]], index) for s in views)
     draws = _draws(loop)
     fwd = loop.forward
     again = env[fwd] if fwd is not None else ((), (), ())
@@ -410,8 +477,15 @@ def run_loop(loop: Loop, env: dict, lower_node, rows: Rows, stream):
         stream.materialize()
 
     def step(carried, x):
-        xs_values, draw_values, again_values = x
+        xs_values, draw_values, again_values, view_inputs = x
         slot_value = _slot_values(loop, env, xs_slots, xs_values, carried)
+        for s, value in zip(views, view_inputs):
+            for node in loop.views[s][1]:
+                leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
+                leaves = [value if isinstance(leaf, fx.Node) else leaf for leaf in leaves]
+                args, kwargs = pytree.tree_unflatten(leaves, spec)
+                value = lower_node(node, args, kwargs)
+            slot_value[s] = value
         if fwd is not None:
             fwd_xs, entering, fwd_draws = again_values
             values = _body(fwd, _slot_values(fwd, env, _stacked_slots(fwd), fwd_xs, entering),
@@ -426,7 +500,7 @@ def run_loop(loop: Loop, env: dict, lower_node, rows: Rows, stream):
             ys += tuple(carried)
         return tuple(local[body[p]] for p in loop.carry), ys
 
-    final, ys = jax.lax.scan(step, init, (xs, draws, again), reverse=loop.reverse)
+    final, ys = jax.lax.scan(step, init, (xs, draws, again, view_xs), reverse=loop.reverse)
     stream.count = 0   # the body's count is the body trace's own; each draw sets it again
     if loop.saves_inputs:
         env[loop] = (xs, tuple(ys[len(loop.ys):]), draws)
@@ -441,7 +515,8 @@ def run_loop(loop: Loop, env: dict, lower_node, rows: Rows, stream):
 
 def _stacked_slots(loop: Loop) -> list:
     """The slots whose per-layer values the loop takes stacked (not those it recomputes)."""
-    return [s for s, k in enumerate(loop.kinds) if k == "xs" and s not in loop.recompute]
+    return [s for s, k in enumerate(loop.kinds)
+            if k == "xs" and s not in loop.recompute and s not in loop.views]
 
 
 def _draws(loop: Loop) -> tuple:
