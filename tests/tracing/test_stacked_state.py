@@ -12,6 +12,7 @@ import torch
 
 import cerebras.pytorch as cstorch
 from bridge.device_tensor import Row
+from cstorch.tracing import state_slots
 from tests.bridge.test_scan_blocks import Model, _batches, _loss
 from tests.models import rel_err
 
@@ -314,3 +315,15 @@ def test_another_looped_program_reads_one_cell_of_a_stacked_group(scan_blocks):
     assert rel_err(moment, ref_moment) < 1e-4
     assert any(type(s) is not int for ps in probe.programs.values() for p in ps
                for s in p.slots or ())
+
+
+def test_groups_are_stacked_by_one_program_off_the_host():
+    # The path for non-CPU devices (the CPU's stacks with numpy), checked here on CPU.
+    rng = np.random.default_rng(0)
+    groups = [[jax.numpy.asarray(rng.standard_normal((3, 2)), jax.numpy.float32)
+               for _ in range(4)],
+              [jax.numpy.asarray(rng.standard_normal(5), jax.numpy.float32) for _ in range(2)]]
+    for got, group in zip(state_slots._stack_groups(groups), groups):
+        np.testing.assert_array_equal(np.asarray(got), np.stack([np.asarray(a) for a in group]))
+    for got, group in zip(state_slots._stack_all(groups), groups):
+        np.testing.assert_array_equal(np.asarray(got), np.stack([np.asarray(a) for a in group]))
