@@ -23,7 +23,7 @@ def slots(taken, groups) -> tuple:
 def arguments(program_slots, arrays) -> list:
     """The program's state list from the run's arrays (`RunState.arrays_list`)."""
     out, unstacked = [], {}
-    for k, s in enumerate(program_slots):
+    for at, s in enumerate(program_slots):
         if type(s) is int:
             value = arrays[s]
             if type(value) is Row:   # a row of another program's group, taken on its own
@@ -37,10 +37,10 @@ def arguments(program_slots, arrays) -> list:
             out.append(first.stack)
         else:
             out.append(None)
-            unstacked[k] = [v.read() if type(v) is Row else v for v in values]
+            unstacked[at] = [v.read() if type(v) is Row else v for v in values]
     if unstacked:   # the first call, or cells read or written since the last one
-        for k, stacked in zip(unstacked, _stack_all(list(unstacked.values()))):
-            out[k] = stacked
+        for at, stacked in zip(unstacked, _stack_all(list(unstacked.values()))):
+            out[at] = stacked
     return out
 
 
