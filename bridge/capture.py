@@ -188,7 +188,11 @@ class _Functionalise(FunctionalTensorMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in _VALUE_CHECKS:
             return None
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        # The torch calls functionalisation, the tracer and decompositions make to handle
+        # an op are theirs, not the step's: through the capture's and the tracer's torch
+        # function modes they would cost more than the op itself.
+        with torch._C.DisableTorchFunction():
+            return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 _VALUE_CHECKS = {torch.ops.aten._linalg_check_errors.default}
@@ -389,7 +393,10 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
 
     def functional_fn(*args):
         with _Functionalise():
-            wrapped = [FunctionalTensor.to_functional(a) for a in args]
+            # Wrapping asks each input's metadata through the torch function modes, which
+            # have nothing to do for the capture's own inputs.
+            with torch._C.DisableTorchFunction():
+                wrapped = [FunctionalTensor.to_functional(a) for a in args]
             # Leaves of the functional tensors, so that backward() fills their `.grad`.
             for w, g in zip(wrapped, requires_grad):
                 if g:

@@ -22,7 +22,7 @@ def decompositions():
     # capture, profiled); their composite kernels decompose them while tracing anyway.
     torch_table = core_aten_decompositions()
     table = dict(getattr(torch_table, "decomp_table", torch_table))
-    for op in _WRONG_DECOMPOSITIONS + _KEPT_WHOLE:
+    for op in _WRONG_DECOMPOSITIONS + _KEPT_WHOLE + _SAME_OP:
         if op in LOWERINGS:
             table.pop(op, None)
     for op, fn in decomposition_table.items():
@@ -45,3 +45,9 @@ _WRONG_DECOMPOSITIONS = (torch.ops.aten.multilabel_margin_loss_forward.default,)
 # Core-ATen decompositions whose op is cheaper lowered whole: CPU flash attention's
 # forward and backward lowerings share the softmax (bridge/ops/attention.py).
 _KEPT_WHOLE = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,)
+
+
+# Core-ATen decompositions that only rename the op (`detach` becomes `alias`): each use
+# would go through the tracer twice for the same lowering. Autograd detaches every
+# parameter's gradient as it stores it, so a deep model's backward makes hundreds.
+_SAME_OP = (torch.ops.aten.detach.default,)
