@@ -4,6 +4,7 @@ The graph is walked once per JAX trace: under `jax.jit` that happens at compile 
 no Python runs per op per step afterwards.
 """
 import contextlib
+import functools
 import operator
 import os
 import re
@@ -47,8 +48,13 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 def user_frame(node: fx.Node) -> tuple[str, str] | None:
     """(path, line) of the innermost frame outside torch that made `node` (for a gradient
     op, the line of the forward op it differentiates)."""
-    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
-    for path, line in reversed(frames):
+    return _user_frame(node.meta.get("stack_trace") or "")
+
+
+@functools.lru_cache(maxsize=4096)
+def _user_frame(stack_trace: str) -> tuple[str, str] | None:
+    # Copies of a layer traced once share their stack traces: one parse each.
+    for path, line in reversed(_FRAME.findall(stack_trace)):
         if not path.startswith(_TORCH_DIR):
             return path, line
     return None
