@@ -4,7 +4,7 @@
 """
 from bridge.capture import CaptureStats, capture, capture_stats, decompositions
 from bridge.convert import (jax_to_tensor, numpy_to_tensor, tensor_to_input, tensor_to_jax,
-                            tensor_to_numpy, to_jax_dtype, to_torch_dtype)
+                            tensor_to_numpy, tensors_to_jax, to_jax_dtype, to_torch_dtype)
 from bridge.device_tensor import Absent, Cell, DeviceTensor
 from bridge.errors import DynamicShapeError, LoweringError, MicroBatchError, TensorValueReadError
 from bridge.export import to_jax
@@ -16,7 +16,8 @@ from bridge.read_order import read_after_update, untouched_inputs
 __all__ = [
     "capture", "capture_stats", "CaptureStats", "decompositions", "lower", "check_lowerable",
     "missing_lowerings", "read_after_update", "untouched_inputs", "LOWERINGS",
-    "lowering", "LoweringError", "TensorValueReadError", "tensor_to_jax", "tensor_to_numpy",
+    "lowering", "LoweringError", "TensorValueReadError", "tensor_to_jax", "tensors_to_jax",
+    "tensor_to_numpy",
     "jax_to_tensor", "numpy_to_tensor", "tensor_to_input", "Absent", "Cell", "DeviceTensor",
     "to_jax_dtype", "to_torch_dtype", "to_jax", "DynamicShapeError", "MicroBatchError",
     "box_meshes", "MESH_LAYOUT",

@@ -5,6 +5,7 @@ device as int32 and float32; values cross back to torch in the tensor's own dtyp
 CPU values cross without a copy through dlpack where the dtypes agree.
 """
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -120,6 +121,23 @@ def tensor_to_jax(t: torch.Tensor, sharding=None) -> jax.Array:
     if not sharding.is_fully_addressable:
         return put_global(host, sharding)
     return jax.device_put(host, sharding)
+
+
+def tensors_to_jax(tensors: Sequence[torch.Tensor], shardings: Sequence) -> list:
+    """`tensor_to_jax` of each tensor with its sharding; the host values that go to
+    devices of this process go in one transfer."""
+    arrays, hosts, where = [None] * len(tensors), [], []
+    for i, (t, sharding) in enumerate(zip(tensors, shardings)):
+        if (isinstance(t, DeviceBacked) and not t.is_view) or sharding is None \
+                or not sharding.is_fully_addressable:
+            arrays[i] = tensor_to_jax(t, sharding)
+        else:
+            hosts.append(_private_jax_numpy(t))
+            where.append(i)
+    if hosts:
+        for i, array in zip(where, jax.device_put(hosts, [shardings[i] for i in where])):
+            arrays[i] = array
+    return arrays
 
 
 def tensor_to_input(t: torch.Tensor):

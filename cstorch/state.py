@@ -24,7 +24,7 @@ import jax
 from jax.experimental import multihost_utils
 
 import wafer
-from bridge import tensor_to_jax, to_jax_dtype
+from bridge import tensors_to_jax, to_jax_dtype
 from bridge.capture import with_user_line
 from bridge.convert import local_value, put_global
 from bridge.device_tensor import Absent, Cell, DeviceTensor, requires_grad_writes
@@ -135,6 +135,7 @@ class RunState:
         # so a tensor held in two places (tied weights, an optimizer's params) stays one cell.
         self._replaced = {}
         self._moved_bytes = 0   # of host tensors moved to the device by this refresh
+        self._uploads = []      # (cell, host tensor, sharding) adopted, not yet uploaded
         self._initial = False
         self._progress = None
         # Dropping what an owner held waits while the state is in use (a step being
@@ -171,7 +172,32 @@ class RunState:
                 names.append(name)
             entries.append(Entry(name, table, key, tensor, i, owner))
 
-        submodules, named, seen = [], [], set()
+        submodules, named = [], []
+        try:
+            self._walk_modules(add, submodules, named)
+            replaced = {k: v for k, (_, v) in self._replaced.items()}
+            for opt in self.backend.optimizers:
+                owner = weakref.ref(opt)
+                for name, table, key, tensor in opt.state_entries(replaced):
+                    add(name, table, key, tensor, owner)
+        finally:
+            # One transfer for every host value adopted (one each costs more than the copy).
+            self._upload_pending()
+        if self.backend.distributed:
+            _take_main_process_values([device.cell for _, device in self._replaced.values()],
+                                      self.backend.process_group.is_main)
+        self._replaced = {}   # the last references to the host copies moved to the device
+        release_freed_host_memory(self._moved_bytes)
+        self._moved_bytes = 0
+        self._progress = None
+        self._submodules = submodules
+        self._named_submodules = named
+        self._install(cells, names, entries, index)
+
+    def _walk_modules(self, add, submodules, named):
+        """`add` every parameter and buffer of the run's modules; collect (weak references
+        to) every submodule in `submodules` and each once, named, in `named`."""
+        seen = set()
         for prefix, module in self._modules():
             owner = weakref.ref(module)
             for mod_name, sub in module.named_modules(remove_duplicate=False):
@@ -188,21 +214,14 @@ class RunState:
                         if tensor is not None:
                             add(".".join(p for p in (prefix, mod_name, key) if p), table, key,
                                 tensor, owner)
-        replaced = {k: v for k, (_, v) in self._replaced.items()}
-        for opt in self.backend.optimizers:
-            owner = weakref.ref(opt)
-            for name, table, key, tensor in opt.state_entries(replaced):
-                add(name, table, key, tensor, owner)
-        if self.backend.distributed:
-            _take_main_process_values([device.cell for _, device in self._replaced.values()],
-                                      self.backend.process_group.is_main)
-        self._replaced = {}   # the last references to the host copies moved to the device
-        release_freed_host_memory(self._moved_bytes)
-        self._moved_bytes = 0
-        self._progress = None
-        self._submodules = submodules
-        self._named_submodules = named
-        self._install(cells, names, entries, index)
+
+    def _upload_pending(self):
+        """Give the cells adopted with a host value their device arrays, in one transfer."""
+        if self._uploads:
+            cells, tensors, shardings = zip(*self._uploads)
+            self._uploads = []
+            for cell, array in zip(cells, tensors_to_jax(tensors, shardings)):
+                cell.array = array
 
     def _install(self, cells, names, entries, index):
         """Make `cells`, named `names`, and `entries` the run's state."""
@@ -345,17 +364,26 @@ class RunState:
         dropped = self.backend.drops_data
         if dropped == "drop_data" and not self._initial:
             dropped = None
+        upload = None
         if dropped is None:
-            value = _to_device(tensor, sharding)
+            value = _built_on_device(tensor, sharding)
+            if value is None:
+                if isinstance(tensor, DeviceTensor):
+                    self._upload_pending()   # the view may read a cell adopted just now
+                    tensor = tensor.host()
+                upload, value = tensor.detach(), _UPLOAD_PENDING
             self._moved_bytes += tensor.numel() * tensor.element_size()
         else:
             kept = dropped != "drop_data"
             if isinstance(tensor, DeviceTensor):
+                self._upload_pending()
                 tensor = tensor.host()
             value = Absent(tensor.shape, to_jax_dtype(tensor.dtype), sharding,
                            tensor.detach() if kept else None, _DROPPED[dropped])
         cell = Cell(value, tensor.dtype)
-        device = DeviceTensor(cell)
+        if upload is not None:
+            self._uploads.append((cell, upload, sharding))
+        device = DeviceTensor(cell, shape=tuple(tensor.shape))
         if isinstance(tensor, torch.nn.Parameter):
             device = torch.nn.Parameter(device, requires_grad=tensor.requires_grad)
         elif tensor.requires_grad:
@@ -462,19 +490,17 @@ def _take_main_process_values(cells, is_main: bool):
         cell.array = put_global(np.asarray(value), cell.array.sharding)
 
 
-def _to_device(tensor, sharding):
-    """A state tensor as a device array. A lazily created tensor (`cstorch.zeros`, ..., or
-    one made inside `backend.device`, `cstorch.lazy_init`) is built on the device, never
-    on the host."""
+def _built_on_device(tensor, sharding):
+    """The device array of a lazily created tensor (`cstorch.zeros`, ..., or one made
+    inside `backend.device`, `cstorch.lazy_init`), built on the device, never on the host;
+    None for any other tensor."""
     # Looked up on the type: an attribute read on a lazy tensor itself could build it.
     device_value = getattr(type(tensor), "device_value", None)
-    if device_value is not None:
-        value = device_value(tensor, sharding)
-        if value is not None:
-            return value
-    if isinstance(tensor, DeviceTensor):
-        tensor = tensor.host()
-    return tensor_to_jax(tensor.detach(), sharding)
+    return None if device_value is None else device_value(tensor, sharding)
+
+
+# What a cell holds from its adoption until the refresh uploads every new host value.
+_UPLOAD_PENDING = object()
 
 
 
