@@ -292,15 +292,13 @@ def _meta(node):
 
 def _flatten(value, leaves: list):
     """The structure of an op's arguments, their leaves appended to `leaves` in the order
-    `pytree.tree_flatten` gives them (None is no leaf), at a fraction of its cost."""
-    if value is None:
-        return None
+    `pytree.tree_flatten` gives them, at a fraction of its cost."""
     if isinstance(value, (list, tuple)):
         return type(value), tuple(_flatten(v, leaves) for v in value)
     if isinstance(value, dict):
         return type(value), tuple(value), tuple(_flatten(v, leaves) for v in value.values())
     leaves.append(value)
-    return 0
+    return None
 
 
 def _arguments(node, check=False):

@@ -145,3 +145,24 @@ def test_pieces_of_a_compiled_parameter_equal_the_eager_ones():
         assert len(got) == len(want)
         for g, w in zip(got, want):
             assert torch.equal(g.detach().clone(), w)
+
+
+def test_tensors_to_jax_uploads_host_values_of_their_own_and_keeps_device_arrays():
+    """One transfer for host tensors (in their JAX dtype, copied: a later write to the
+    tensor does not reach the array); a device tensor gives its own array."""
+    import jax
+
+    from bridge.convert import tensors_to_jax
+    torch.manual_seed(1)
+    host = torch.randn(5, 3)
+    ints = torch.randint(-9, 9, (4,))
+    _, dev = pair(seed=2)
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    arrays = tensors_to_jax([host, dev, ints], [sharding] * 3)
+    assert arrays[1] is dev.cell.array
+    np.testing.assert_array_equal(np.asarray(arrays[0]), host.numpy())
+    np.testing.assert_array_equal(np.asarray(arrays[2]), ints.numpy())
+    assert arrays[2].dtype == jnp.int32   # int64 lives on the device as int32
+    expected = host.numpy().copy()
+    host.add_(100.0)
+    np.testing.assert_array_equal(np.asarray(arrays[0]), expected)

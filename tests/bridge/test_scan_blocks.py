@@ -251,3 +251,17 @@ def test_the_flag_warns_where_it_cannot_loop():
     finally:
         csx.performance.scan_blocks, csx.debug.check_finite = before
     assert rel_err(got, float(reference(x).sum())) < 1e-5
+
+
+def test_loop_argument_leaves_are_numbered_as_pytree_numbers_them():
+    """The loop finder's own walk of an op's arguments gives pytree's leaves in pytree's
+    order (None is a leaf), which the loop's slots are indexed by."""
+    import torch.utils._pytree as pytree
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.placeholder("y")
+    node = graph.call_function(torch.ops.aten.native_layer_norm.default,
+                               (x, [DIM], None, y, 1e-5), {"extra": [None, (y, 2)]})
+    leaves, _ = scan_blocks._arguments(node, check=True)
+    assert leaves == pytree.tree_leaves((node.args, node.kwargs))
+    assert leaves == [x, DIM, None, y, 1e-5, None, y, 2]
