@@ -12,9 +12,11 @@ first step is a true first step (imports done, nothing compiled or cached):
   once, `docs/scan-blocks.md`).
 
 Each process times its first step (wall time, the loss read on the host), then the
-median of `--steps` more. Run: python -m benchmarks.depth [--quick] [--layers 2,8]
-[--peers a,b] [--no-write]; prints the table and, unless --no-write, writes it to
-docs/benchmarks.md (section "depth").
+median of `--steps` more. With `--repeats N` each cell runs in N processes, in N rounds
+over all the cells, and the table gives the medians (this machine's timings move by 10-20%
+between runs of one program). Run: python -m benchmarks.depth [--quick] [--layers 2,8]
+[--peers a,b] [--repeats N] [--no-write]; prints the table and, unless --no-write, writes
+it to docs/benchmarks.md (section "depth").
 """
 import argparse
 import json
@@ -176,7 +178,9 @@ def table(results: dict, layers, peers) -> str:
         cells = []
         for n in layers:
             r = results.get((peer, n), {})
-            cells.append(f"{r['first_step_s']:.2f} s ({r['step_ms']:.0f} ms/step)"
+            spread = r.get("first_step_runs", ())
+            runs = f" [{', '.join(f'{x:.2f}' for x in spread)}]" if len(spread) > 1 else ""
+            cells.append(f"{r['first_step_s']:.2f} s{runs} ({r['step_ms']:.0f} ms/step)"
                          if "first_step_s" in r else r.get("error", "-"))
         a, b = (results.get((peer, n), {}).get("first_step_s") for n in (layers[0], layers[-1]))
         growth = f"{b / a:.2f}x" if a and b else "-"
@@ -199,21 +203,39 @@ def table(results: dict, layers, peers) -> str:
     return "\n".join(lines)
 
 
-def run(quick: bool, layers=None, peers=PEERS) -> dict:
-    """Every peer at every depth, each in a fresh process: {"workload": "depth", "text":
-    the markdown table with its preamble, "results"}."""
+def median_result(runs: list) -> dict:
+    """One cell's result from its processes: the median of each number over the runs that
+    succeeded, and every run's first step (`first_step_runs`); the last error if none did."""
+    ok = [r for r in runs if "first_step_s" in r]
+    if not ok:
+        return runs[-1]
+    out = {k: statistics.median(r[k] for r in ok) for k, v in ok[0].items()
+           if isinstance(v, (int, float))}
+    out["first_step_runs"] = [r["first_step_s"] for r in ok]
+    return out
+
+
+def run(quick: bool, layers=None, peers=PEERS, repeats: int = 1) -> dict:
+    """Every peer at every depth, each in `repeats` fresh processes (rounds over all the
+    cells, so that a slow spell of the machine touches every cell alike): {"workload":
+    "depth", "text": the markdown table with its preamble, "results"}."""
     size = dict(QUICK if quick else FULL)
     layers = tuple(layers or size["layers"])
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    results = {}
-    for n in layers:
-        for peer in peers:
-            results[(peer, n)] = r = in_subprocess(peer, n, size)
-            print(f"depth: {peer} at {n} layers: {r}", flush=True)
+    runs = {}
+    for _ in range(repeats):
+        for n in layers:
+            for peer in peers:
+                r = in_subprocess(peer, n, size)
+                runs.setdefault((peer, n), []).append(r)
+                print(f"depth: {peer} at {n} layers: {r}", flush=True)
+    results = {cell: median_result(rs) for cell, rs in runs.items()}
+    each = (f"the median of {repeats} fresh processes per cell, their first steps in "
+            f"brackets" if repeats > 1 else "one fresh process per cell")
     text = (f"GPT width {size['dim']}, {HEADS} heads, vocabulary {VOCAB}, batch "
-            f"{size['batch']} x {size['seq']}, AdamW; first step (fresh process, imports "
-            f"excluded) and the median of {size['steps']} later steps. Load average at the "
-            f"start: {load}.\n\n" + table(results, layers, peers))
+            f"{size['batch']} x {size['seq']}, AdamW; first step (imports excluded) and the "
+            f"median of {size['steps']} later steps, {each}. Load average at the start: "
+            f"{load}.\n\n" + table(results, layers, peers))
     return {"workload": "depth", "text": text,
             "results": {f"{p} {n}": r for (p, n), r in results.items()}}
 
@@ -224,6 +246,8 @@ def main(argv=None):
     parser.add_argument("--layers", help="comma-separated depths")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="fresh processes per peer and depth (the table gives medians)")
     parser.add_argument("--one", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -235,7 +259,9 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown peers {sorted(unknown)}; known: {', '.join(PEERS)}")
     layers = [int(n) for n in args.layers.split(",")] if args.layers else None
-    text = run(args.quick, layers, peers)["text"]
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    text = run(args.quick, layers, peers, args.repeats)["text"]
     print(text)
     if not args.no_write:
         write_section("depth", text)
