@@ -138,7 +138,8 @@ def _all_finite(value):
 
 
 def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = False,
-          remat_loops: bool = False, state_count: int = 0, grad_count: int = 0) -> Lowered:
+          remat_loops: bool = False, state_count: int = 0, grad_count: int = 0,
+          layer_calls: bool = False) -> Lowered:
     """The JAX function of `gm`: ``fn(*flat_inputs, key=None) -> list of outputs``.
 
     `key` is the PRNG key random ops draw from, or a function that makes it (called only
@@ -156,6 +157,8 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
     the function has been traced; without such ops it stays empty and adds no output).
     With `remat_loops`, the gradient loop of marked layers computes their forward ops
     again instead of reading them stacked from the forward loop (`bridge.scan_blocks`).
+    With `layer_calls`, marked layers do not loop: each is a call of one jitted function
+    of their ops (`scan_blocks.run_calls`), and nothing is stacked.
     With `state_count`, the first `state_count` inputs are the step's state, and its
     first `state_count` outputs their new values: the groups of them that
     `bridge.stacked_state.plan` finds (`Lowered.stacked`, input positions in row order)
@@ -185,11 +188,13 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
     # Layers marked at capture loop (bridge.scan_blocks), except under check_finite, which
     # flags every op's result; under check_indices, loops whose ops take no indices.
     loops = [] if check_finite else scan_blocks.plan(
-        gm, unsupported=set(INDEX_CHECKS) if check_indices else set(), remat=remat_loops)
+        gm, unsupported=set(INDEX_CHECKS) if check_indices else set(), remat=remat_loops,
+        calls=layer_calls)
     items = scan_blocks.order(gm, loops) if loops else nodes
     draw_numbers = scan_blocks.draw_numbers(gm) if loops else {}
-    groups = stacked_state.plan(gm, loops, state_count) if loops and state_count else []
-    if loops and grad_count:
+    stacks = bool(loops) and not layer_calls   # whether values may be rows of stacked arrays
+    groups = stacked_state.plan(gm, loops, state_count) if stacks and state_count else []
+    if stacks and grad_count:
         groups += stacked_state.output_groups(gm, loops, state_count, grad_count)
     in_group = {p for g in groups for p in g}
     rows = None   # the current trace's stacked_state.Rows
@@ -201,7 +206,7 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
         with jax.named_scope(scopes[node]), policy:
             if node.target in _WRITE_BACKS and node.args[0].op == "placeholder":
                 return args[1]
-            if loops and stacked_state.is_elementwise_foreach(node.target):
+            if stacks and stacked_state.is_elementwise_foreach(node.target):
                 return stacked_state.foreach(LOWERINGS[node.target], args, kwargs, rows,
                                              [to_jax_dtype(v.dtype) for v in node.meta["val"]])
             return _cast_like_meta(node, LOWERINGS[node.target](*args, **kwargs))
@@ -223,7 +228,9 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
         with key_stream(key if key is not None else jax.random.key(0)) as stream, \
                 jax.default_matmul_precision("highest"):
             for node in items:
-                if isinstance(node, scan_blocks.Loop):
+                if isinstance(node, scan_blocks.Loop) and layer_calls:
+                    scan_blocks.run_calls(node, env, lower_node, stream)
+                elif isinstance(node, scan_blocks.Loop):
                     scan_blocks.run_loop(node, env, lower_node, rows, stream)
                 elif node.op == "placeholder":
                     env[node] = next(args_iter)
@@ -231,7 +238,7 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
                     env[node] = constants[node.target]
                 elif node.op == "call_function":
                     # An elementwise foreach op takes rows unread: it may run on their stacks.
-                    get = env.raw if loops and (
+                    get = env.raw if stacks and (
                         stacked_state.is_elementwise_foreach(node.target)
                         or node.target is operator.getitem) else env.__getitem__
                     args = fx.node.map_arg(node.args, get)
@@ -247,8 +254,8 @@ def lower(gm: fx.GraphModule, check_finite: bool = False, check_indices: bool = 
                         index_values.extend(values)
                 elif node.op == "output":
                     outs = list(fx.node.map_arg(node.args[0], env.raw))
-                    stacks = {g[0]: rows.stack([outs[q] for q in g]) for g in groups}
-                    outs = [stacks.get(p) if p in in_group else rows.read(v)
+                    stacked = {g[0]: rows.stack([outs[q] for q in g]) for g in groups}
+                    outs = [stacked.get(p) if p in in_group else rows.read(v)
                             for p, v in enumerate(outs)]
                     if check_finite:
                         outs.append(_finite_flags(checked, env))

@@ -86,10 +86,13 @@ class _Refused(Exception):
     pass
 
 
-def plan(gm: fx.GraphModule, unsupported=frozenset(), remat: bool = False) -> list:
+def plan(gm: fx.GraphModule, unsupported=frozenset(), remat: bool = False,
+         calls: bool = False) -> list:
     """The loops of `gm`'s marked layers, in no particular order; layers with an op in
     `unsupported` (ops whose lowering the caller does more for) stay unrolled. With
-    `remat`, each run's gradient loop recomputes its forward ops (`rematerialise`)."""
+    `remat`, each run's gradient loop recomputes its forward ops (`rematerialise`). With
+    `calls`, the loops are to be run by `run_calls` (layers unrolled, their body traced
+    once), which neither stacks nor recomputes anything."""
     groups = _groups(gm)
     draw = draw_numbers(gm)
     loops = []
@@ -103,9 +106,13 @@ def plan(gm: fx.GraphModule, unsupported=frozenset(), remat: bool = False) -> li
             loop = _loop(name, layers, backward, draw)
             loop.run = run
             loops.append(loop)
-            log.info("the %d layers of %s are one loop", len(layers), name)
+            log.info("the %d layers of %s are %s", len(layers), name,
+                     "calls of one function" if calls else "one loop")
         except _Refused as e:
-            log.info("the layers of %s are compiled one by one: %s", name, e)
+            log.info("the layers of %s are %s one by one: %s", name,
+                     "lowered" if calls else "compiled", e)
+    if calls:
+        return loops
     if remat:
         rematerialise(loops)
     else:
@@ -537,6 +544,53 @@ def run_loop(loop: Loop, env: dict, lower_node, rows: Rows, stream):
     last = 0 if loop.reverse else n - 1
     for p, value in zip(loop.carry, final):
         env[loop.layers[last][p]] = value
+
+
+def run_calls(loop: Loop, env: dict, lower_node, stream):
+    """Compute `loop` unrolled, as one call per layer of one jitted function of the body:
+    JAX traces the body once and the StableHLO holds it once, and XLA, which inlines the
+    calls before it optimises, compiles the same program as for ops lowered one by one.
+    Reads its inputs from `env` and puts every value read outside the loop into it."""
+    n = len(loop.layers)
+    layer_order = range(n - 1, -1, -1) if loop.reverse else range(n)
+    carry_slots = {k[1]: s for s, k in enumerate(loop.kinds) if isinstance(k, tuple)}
+    xs_slots = [s for s, k in enumerate(loop.kinds) if k == "xs"]
+    shared_slots = [s for s, k in enumerate(loop.kinds) if k == "shared"]
+    draw_positions = sorted(loop.draws)
+    if draw_positions:
+        stream.materialize()
+    key = stream.key if draw_positions else None
+    body = loop.layers[0]
+
+    def layer(carried, xs_values, shared_values, draw_values, layer_key):
+        slot_value = dict(zip(shared_slots, shared_values))
+        slot_value.update(zip(xs_slots, xs_values))
+        carried_value = dict(zip(loop.carry, carried))
+        for s, kind in enumerate(loop.kinds):
+            if isinstance(kind, tuple):
+                slot_value[s] = carried_value[kind[1]]
+        # The body draws from the key it is given, not from the enclosing trace's.
+        outer_key, stream.key = stream.key, layer_key
+        try:
+            local = _body(loop, slot_value, draw_values, lower_node, stream)
+        finally:
+            stream.key = outer_key
+        return (tuple(local[body[p]] for p in loop.carry),
+                tuple(local[body[p]] for p in loop.ys))
+
+    call = jax.jit(layer)
+    first = layer_order[0]
+    carried = tuple(env[loop.slots[carry_slots[p]][first]] for p in loop.carry)
+    shared = tuple(env[loop.slots[s][0]] for s in shared_slots)
+    for k in layer_order:
+        xs_values = tuple(env[loop.slots[s][k]] for s in xs_slots)
+        draw_values = tuple(jnp.asarray(loop.draws[p][k], jnp.uint32) for p in draw_positions)
+        carried, ys = call(carried, xs_values, shared, draw_values, key)
+        for p, value in zip(loop.ys, ys):
+            env[loop.layers[k][p]] = value
+    stream.count = 0   # the body's count is the body trace's own; each draw sets it again
+    for p, value in zip(loop.carry, carried):
+        env[loop.layers[layer_order[-1]][p]] = value
 
 
 def _stacked_slots(loop: Loop) -> list:

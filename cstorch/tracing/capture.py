@@ -261,7 +261,7 @@ def _trace_with(step_fn, backend, call, layout, outcome, micro, shapes, requires
             user_fn=step_fn, library=_LIBRARY,
             extra_decompositions=decompositions.table_for(backend.backend_type),
             graph_pass=_expand(layers, updates))
-    if runs and not looped:
+    if runs and not looped and micro is not None:
         repeated_blocks.unmark(graph)
     return graph
 
@@ -292,6 +292,7 @@ def _lower(graph, backend, layout, outcome, micro, stack_grads=False):
         stackable = outcome.loop is None and len(backend.devices) == 1
         lowered = bridge.lower(graph, check_finite=check_finite, check_indices=check_indices,
                                remat_loops=csx.performance.scan_blocks_remat,
+                               layer_calls=not csx.performance.scan_blocks,
                                state_count=len(layout.cells) if stackable else 0,
                                grad_count=len(outcome.grad_out) if stackable and stack_grads
                                else 0)

@@ -3,6 +3,7 @@ Python code only, and the program equals the one that tracing every layer gives,
 gradients and dropout masks included; layers it cannot copy are traced one by one."""
 import copy
 import logging
+import re
 
 import pytest
 import torch
@@ -108,6 +109,35 @@ def test_the_first_layer_is_traced_and_the_program_equals_tracing_every_layer(
     assert once == every
     for name, value in once_state.items():
         assert torch.equal(value, every_state[name]), name
+
+
+def test_layers_traced_once_are_lowered_as_calls_of_one_function(caplog):
+    """Unlooped (scan_blocks off, the default), a run traced once is also lowered once: its
+    StableHLO holds the layer's forward and its gradients as functions that every layer
+    calls, and the INFO log says so (the values equal tracing every layer: the test
+    above)."""
+    torch.manual_seed(0)
+    model = Model(blocks=_blocks(3))
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+    opt = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    @cstorch.trace
+    def step(tokens):
+        loss = _loss(compiled, tokens)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    with caplog.at_level(logging.INFO, logger="bridge.scan"):
+        float(step(_batches()[0]))
+    (program,) = [p for ps in step.programs.values() for p in ps]
+    calls = re.findall(r"call @(layer\w*)", program.compiled.lowered.as_text())
+    assert len(calls) == 6 and len(set(calls)) < 6, calls   # 3 forward, 3 gradient
+    for part in ("forward", "gradients"):
+        assert f"the 3 layers of model.blocks[0:3] ({part}) are calls of one function" \
+            in caplog.text
 
 
 @pytest.mark.slow
