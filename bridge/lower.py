@@ -51,7 +51,7 @@ def user_frame(node: fx.Node) -> tuple[str, str] | None:
     return _user_frame(node.meta.get("stack_trace") or "")
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)
 def _user_frame(stack_trace: str) -> tuple[str, str] | None:
     # Copies of a layer traced once share their stack traces: one parse each.
     for path, line in reversed(_FRAME.findall(stack_trace)):

@@ -136,6 +136,7 @@ class RunState:
         self._replaced = {}
         self._moved_bytes = 0   # of host tensors moved to the device by this refresh
         self._uploads = []      # (cell, host tensor, sharding) adopted, not yet uploaded
+        self._upload_bytes = 0  # their size
         self._initial = False
         self._progress = None
         # Dropping what an owner held waits while the state is in use (a step being
@@ -181,7 +182,7 @@ class RunState:
                 for name, table, key, tensor in opt.state_entries(replaced):
                     add(name, table, key, tensor, owner)
         finally:
-            # One transfer for every host value adopted (one each costs more than the copy).
+            # The values adopted last go to the device (`_UPLOAD_BATCH_BYTES`).
             self._upload_pending()
         if self.backend.distributed:
             _take_main_process_values([device.cell for _, device in self._replaced.values()],
@@ -219,7 +220,7 @@ class RunState:
         """Give the cells adopted with a host value their device arrays, in one transfer."""
         if self._uploads:
             cells, tensors, shardings = zip(*self._uploads)
-            self._uploads = []
+            self._uploads, self._upload_bytes = [], 0
             for cell, array in zip(cells, tensors_to_jax(tensors, shardings)):
                 cell.array = array
 
@@ -383,6 +384,9 @@ class RunState:
         cell = Cell(value, tensor.dtype)
         if upload is not None:
             self._uploads.append((cell, upload, sharding))
+            self._upload_bytes += upload.numel() * upload.element_size()
+            if self._upload_bytes >= _UPLOAD_BATCH_BYTES:
+                self._upload_pending()
         device = DeviceTensor(cell, shape=tuple(tensor.shape))
         if isinstance(tensor, torch.nn.Parameter):
             device = torch.nn.Parameter(device, requires_grad=tensor.requires_grad)
@@ -501,6 +505,10 @@ def _built_on_device(tensor, sharding):
 
 # What a cell holds from its adoption until the refresh uploads every new host value.
 _UPLOAD_PENDING = object()
+# Host values adopted are uploaded together once they reach this size, or at the refresh's
+# end: batching pays off for small tensors, and a transfer makes a private copy of each
+# value first, which a whole model's worth at once would add to the peak.
+_UPLOAD_BATCH_BYTES = 64 << 20
 
 
 

@@ -610,3 +610,48 @@ def test_state_moved_to_the_device_gives_the_freed_host_copies_back(monkeypatch)
     # the optimizer's state: two moments as large as the parameters, made on the host
     cstorch.optim.Adam(large.parameters(), lr=1e-3)
     assert libc.trims == 2
+
+
+def test_adopted_host_values_go_to_the_device_in_batches_and_also_when_adoption_fails(
+        monkeypatch):
+    """The host values a refresh adopts are uploaded together, a batch whenever they reach
+    `_UPLOAD_BATCH_BYTES` and the rest at its end; an adoption that raises leaves every
+    value adopted before it uploaded, none left as the pending marker."""
+    from cstorch import state as run_state
+    transfers = []
+    upload = run_state.tensors_to_jax
+
+    def counting(tensors, shardings):
+        transfers.append(len(tensors))
+        return upload(tensors, shardings)
+    monkeypatch.setattr(run_state, "tensors_to_jax", counting)
+    monkeypatch.setattr(run_state, "_UPLOAD_BATCH_BYTES", 600 * 4)
+    model = mlp(3)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    cstorch.compile(model, cstorch.backend("CPU"))
+    # weights of 128 and 48 floats, biases of 16 and 3: one batch at 600 floats is never
+    # reached by these, so all four go in the refresh's final transfer
+    assert transfers == [4]
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+    transfers.clear()
+    wide = torch.nn.Linear(30, 20)       # 600 floats of weight: a batch of its own
+    expected = {k: v.clone() for k, v in wide.state_dict().items()}
+    cstorch.compile(wide, cstorch.backend())
+    assert transfers == [1, 1]           # the weight reaches the size, the bias at the end
+    for name, value in wide.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+    transfers.clear()
+    late = mlp(4)
+    late_values = [p.detach().clone() for p in late.parameters()]
+    optimizer = cstorch.optim.SGD(late.parameters(), lr=0.1)
+    monkeypatch.setattr(type(optimizer), "state_entries",
+                        lambda self, replaced: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        cstorch.compile(late, cstorch.backend())
+    assert transfers and sum(transfers) >= 4
+    for p, value in zip(late.parameters(), late_values):
+        assert p.cell.array is not run_state._UPLOAD_PENDING
+        assert torch.equal(p.detach(), value)
