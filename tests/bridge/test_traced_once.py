@@ -44,22 +44,27 @@ def _train(model, once, batches):
     before = csx.performance.trace_blocks_once
     csx.performance.trace_blocks_once = once
     try:
-        cstorch.backend("CPU")
-        compiled = cstorch.compile(model)
-        opt = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
-
-        @cstorch.trace
-        def step(tokens):
-            loss = _loss(compiled, tokens)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss
-
+        step = _adamw_step(model)
         losses = [float(step(b)) for b in batches]
     finally:
         csx.performance.trace_blocks_once = before
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _adamw_step(model):
+    """A traced AdamW training step of `model` on the CPU backend."""
+    cstorch.backend("CPU")
+    compiled = cstorch.compile(model)
+    opt = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    @cstorch.trace
+    def step(tokens):
+        loss = _loss(compiled, tokens)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+    return step
 
 
 def _blocks(layers, p=0.0):
@@ -117,19 +122,7 @@ def test_layers_traced_once_are_lowered_as_calls_of_one_function(caplog):
     calls, and the INFO log says so (the values equal tracing every layer: the test
     above)."""
     torch.manual_seed(0)
-    model = Model(blocks=_blocks(3))
-    cstorch.backend("CPU")
-    compiled = cstorch.compile(model)
-    opt = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
-
-    @cstorch.trace
-    def step(tokens):
-        loss = _loss(compiled, tokens)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-
+    step = _adamw_step(Model(blocks=_blocks(3)))
     with caplog.at_level(logging.INFO, logger="bridge.scan"):
         float(step(_batches()[0]))
     (program,) = [p for ps in step.programs.values() for p in ps]
