@@ -12,3 +12,7 @@ else
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
 fi
 .venv/bin/python -c "import torch; assert not torch.version.cuda, 'a CUDA build of torch was installed'"
+# pip writes the bytecode of what it installs into site-packages, but an editable install
+# leaves this project's own modules to be compiled at their first import, and compiled again
+# at every import where PYTHONDONTWRITEBYTECODE is set: written once here instead.
+.venv/bin/python -m compileall -q cstorch bridge wafer cerebras cstorch_torchvision.py > /dev/null

@@ -14,8 +14,9 @@ from wafer import host_memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# A step whose intermediate (a 64 MB cumulative sum, feeding two reductions) lives in the
-# program's scratch buffer, allocated and freed by every call.
+# A step whose intermediate (a 64 MB exponential, feeding a product and a sum) lives in the
+# program's scratch buffer, allocated and freed by every call: the product reads it from
+# memory, so XLA cannot fuse it away. (A cheap op: the test makes 32 calls.)
 STEPS = r"""
 import ctypes, gc, json, resource
 import torch
@@ -26,14 +27,14 @@ torch.manual_seed(0)
 x, w = torch.randn(4096, 4096), torch.randn(4096, 16)
 # Eager PyTorch first, as a script that builds its model before the backend: its OpenMP
 # threads allocate before XLA's threads exist.
-y = torch.cumsum(x, 0)
-expected = float((y @ w).sum() + y.tanh().sum())
+y = torch.exp(x)
+expected = float((y @ w).sum() + y.sum())
 backend = cstorch.backend("CPU")
 
 @cstorch.trace
 def step(x, w):
-    y = torch.cumsum(x, 0)
-    return (y @ w).sum() + y.tanh().sum()
+    y = torch.exp(x)
+    return (y @ w).sum() + y.sum()
 
 
 def median_faults(warm_up):
