@@ -477,9 +477,10 @@ def _lean_node_meta():
     snapshot_fake, tensor_meta = proxy_tensor.snapshot_fake, proxy_tensor._extract_tensor_metadata
 
     def snapshot(val, include_real=False):
-        if type(val) is FakeTensor and not val.requires_grad \
-                and getattr(val, "real_tensor", None) is None:
-            return val
+        if type(val) is FakeTensor:
+            with torch._C.DisableTorchFunction():   # one read per traced tensor
+                if not val.requires_grad and getattr(val, "real_tensor", None) is None:
+                    return val
         return snapshot_fake(val, include_real)
 
     proxy_tensor.snapshot_fake = snapshot

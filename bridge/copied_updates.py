@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.functional_tensor import FunctionalTensor
 
-from bridge.traced_once import NotTracedOnce, bypass, outputs_of
+from bridge.traced_once import NotTracedOnce, bypass, fresh, metadata, outputs_of
 
 _LIB = torch.library.Library("bridge_updates", "DEF")
 _LIB.define("enter(Tensor[] xs, int kind) -> Tensor[]")
@@ -49,28 +49,20 @@ class NotCopied(NotTracedOnce):
     """An update cannot be copied from one member to the others; the message says why."""
 
 
-def _meta(t: torch.Tensor) -> tuple:
-    return tuple(t.shape), tuple(t.stride()), t.dtype
-
-
-def _fresh(meta):
-    return torch.empty_strided(meta[0], meta[1], dtype=meta[2])
-
-
 @torch.library.register_fake("bridge_updates::enter")
 def _enter_fake(xs, kind):
-    return [_fresh(_meta(x)) for x in xs]
+    return [fresh(metadata(x)) for x in xs]
 
 
 @torch.library.register_fake("bridge_updates::leave")
 def _leave_fake(xs, kind):
-    return [_fresh(_meta(x)) for x in xs]
+    return [fresh(metadata(x)) for x in xs]
 
 
 @torch.library.register_fake("bridge_updates::copy")
 def _copy_fake(xs, kind):
     metas = _METAS[kind][0]
-    return [_fresh(m) for _ in range(len(xs) // _METAS[kind][1]) for m in metas]
+    return [fresh(m) for _ in range(len(xs) // _METAS[kind][1]) for m in metas]
 
 
 def current():
@@ -101,7 +93,7 @@ class Session:
         kinds: dict = {}
         for member in members:
             structure, tensors = member
-            kinds.setdefault((structure, tuple(_meta(t) for t in tensors)), []).append(member)
+            kinds.setdefault((structure, tuple(metadata(t) for t in tensors)), []).append(member)
         before = _values(shared)
         singles = [m for ms in kinds.values() if len(ms) < MIN_MEMBERS for m in ms]
         if singles:
@@ -126,7 +118,7 @@ class Session:
         if not written:
             return
         self.kinds.append(kind)
-        _METAS[kind] = ([_meta(after[j]) for j in written], len(first))
+        _METAS[kind] = ([metadata(after[j]) for j in written], len(first))
         # One op stands for all the other members, one write gives every member its values.
         left = torch.ops.bridge_updates.leave([after[j] for j in written], kind)
         copied = torch.ops.bridge_updates.copy([t for _, ts in alike[1:] for t in ts], kind)
@@ -168,7 +160,7 @@ class Session:
 
 def _write(targets, values):
     """Each target given its new value, as the rule's in-place writes would have given it."""
-    if any(_meta(v) != _meta(t) for t, v in zip(targets, values)):
+    if any(metadata(v) != metadata(t) for t, v in zip(targets, values)):
         raise NotCopied("the update changes a tensor's shape, stride or dtype")
     if all(isinstance(t, FunctionalTensor) for t in targets + values):
         # What functionalisation does for an in-place op, without tracing a copy per tensor.

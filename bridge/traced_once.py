@@ -46,13 +46,18 @@ class NotTracedOnce(Exception):
     """The layers of a run cannot be traced once; the message says why."""
 
 
-def _fresh(meta):
+def fresh(meta):
+    """A new tensor of the shape, stride and dtype `meta` starts with."""
     shape, stride, dtype = meta[:3]
     return torch.empty_strided(shape, stride, dtype=dtype)
 
 
-def _meta(t: torch.Tensor) -> tuple:
-    return tuple(t.shape), tuple(t.stride()), t.dtype
+def metadata(t: torch.Tensor) -> tuple:
+    """(shape, stride, dtype) of `t`. Read with torch function handling off: through the
+    capture's and the tracer's modes each read would cost more than the rest of this, and
+    a capture reads them for every state tensor."""
+    with torch._C.DisableTorchFunction():
+        return tuple(t.shape), tuple(t.stride()), t.dtype
 
 
 @torch.library.register_fake("bridge_once::boundary")
@@ -62,17 +67,23 @@ def _boundary_fake(xs, tag):
 
 @torch.library.register_fake("bridge_once::layer")
 def _layer_fake(xs, first, copy):
-    return [_fresh(m) for m in _METAS[first][0]]
+    return [fresh(m) for m in _METAS[first][0]]
 
 
 @torch.library.register_fake("bridge_once::layer_grad")
 def _layer_grad_fake(grads, first, copy):
-    return [_fresh(m) for m in _METAS[first][1] if m[3]]
+    return [fresh(m) for m in _METAS[first][1] if m[3]]
+
+
+def _requires_grad(t: torch.Tensor) -> bool:
+    with torch._C.DisableTorchFunction():
+        return t.requires_grad
 
 
 def _differentiable(t: torch.Tensor) -> bool:
     """Whether autograd gives `t` a gradient."""
-    return t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
+    with torch._C.DisableTorchFunction():
+        return t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
 
 
 class _Boundary(torch.autograd.Function):
@@ -336,7 +347,7 @@ class Session:
         places = _tensors_of(module)
         state = [table[key] for table, key in places]
         inputs, spec, plain = _split((args, kwargs))
-        metas = [_meta(t) + (t.requires_grad,) for t in inputs + state]
+        metas = [metadata(t) + (_requires_grad(t),) for t in inputs + state]
         first = next((f for f in reversed(self.firsts)
                       if f.run is run and f.spec == spec and f.in_metas == metas), None)
         if first is None:
@@ -383,7 +394,7 @@ class Session:
         outs, out_spec, out_plain = _split(result)
         self.firsts.append(_First(t, run, k, spec, metas, recording, out_spec, out_plain,
                                   recording.describe(outs)[1]))
-        _METAS[self._key(t)] = ([_meta(o) + (_differentiable(o),) for o in outs],
+        _METAS[self._key(t)] = ([metadata(o) + (_differentiable(o),) for o in outs],
                                 [m[:3] + (_differentiable(x),)
                                  for m, x in zip(metas, inputs + state)])
         outs_marked = _Boundary.apply(t * 4 + _OUT, t * 4 + _OUT_GRAD, *outs)
