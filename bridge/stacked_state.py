@@ -211,12 +211,24 @@ class Rows:
 
     def stack(self, values, index=None):
         """The `values` as one array: the stacked array itself when they are its rows in
-        order, else written row by row into a new one."""
+        order; joined from slices when runs of them are consecutive rows of one (a
+        gradient loop's inputs: the first layer's input, then every layer's output but
+        the last); else written row by row into a new one."""
         sources = [self.source(v) for v in values]
         first = sources[0]
         if first is not None and first[0].shape[0] == len(values) and all(
                 s is not None and s[0] is first[0] and s[1] == k for k, s in enumerate(sources)):
             return first[0]
+        runs = []   # [stack, start, stop] for consecutive rows of one stack, else the value
+        for v, s in zip(values, sources):
+            last = runs[-1] if runs else None
+            if s is not None and type(last) is list and last[0] is s[0] and last[2] == s[1]:
+                last[2] += 1
+            else:
+                runs.append([s[0], s[1], s[1] + 1] if s is not None else v)
+        if any(type(r) is list and r[2] - r[1] > 1 for r in runs):
+            return jnp.concatenate([r[0][r[1]:r[2]] if type(r) is list else self.read(r)[None]
+                                    for r in runs])
         values = [self.read(v) for v in values]
         index = self.index(len(values)) if index is None else index
         out = jnp.zeros((len(values), *jnp.shape(values[0])), jnp.result_type(values[0]))
