@@ -25,6 +25,7 @@ import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
 from bridge.node_marks import BLOCK, IN_BACKWARD
@@ -47,9 +48,18 @@ class NotTracedOnce(Exception):
 
 
 def fresh(meta):
-    """A new tensor of the shape, stride and dtype `meta` starts with."""
+    """A new tensor of the shape, stride and dtype `meta` starts with. Under a fake mode
+    (a fake implementation's results) it is made on the meta device and wrapped, as the
+    mode wraps an op's meta results: a factory call through the mode looks up and fills
+    its dispatch cache, five times the cost, and a stand-in op of a deep model makes
+    thousands of these."""
     shape, stride, dtype = meta[:3]
-    return torch.empty_strided(shape, stride, dtype=dtype)
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if mode is None:
+        return torch.empty_strided(shape, stride, dtype=dtype)
+    with unset_fake_temporarily():
+        elem = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    return FakeTensor(mode, elem, torch.get_default_device())
 
 
 def metadata(t: torch.Tensor) -> tuple:
