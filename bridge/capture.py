@@ -99,7 +99,8 @@ class _CaptureMode(TorchFunctionMode):
                 real.append(t)
             return t
 
-        args, kwargs = pytree.tree_map_only(torch.Tensor, stand_in, (args, kwargs))
+        if not _all_traced(args, kwargs):
+            args, kwargs = pytree.tree_map_only(torch.Tensor, stand_in, (args, kwargs))
         _refuse_write_into_constant(func, args, kwargs)
         if real:
             # A real tensor the step closed over becomes a constant of the graph; wrapped,
@@ -139,6 +140,32 @@ class _CaptureMode(TorchFunctionMode):
                 meta["stack_trace"] = outer_trace
                 if outer_trace is None:
                     del meta["stack_trace"]
+
+
+# Arguments pytree sees as leaves, which `_all_traced` may pass over.
+_LEAVES = frozenset({int, float, bool, complex, str, type(None), slice, type(...), torch.dtype,
+                     torch.device, torch.layout, torch.memory_format})
+
+
+def _all_traced(args, kwargs) -> bool:
+    """Whether every tensor among `args` and `kwargs` is the capture's own, found without
+    pytree where they are tensors, leaves and plain lists or tuples of them: pytree's walk
+    over a foreach op's lists (a thousand state tensors in a deep model's optimizer step)
+    cost more than the op's trace. Anything else is left to pytree (False)."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            if not _traced(a):
+                return False
+        elif type(a) is list or type(a) is tuple:
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    if not _traced(x):
+                        return False
+                elif type(x) not in _LEAVES:
+                    return False
+        elif type(a) not in _LEAVES:
+            return False
+    return True
 
 
 def _raise_as_eager(error):
@@ -188,6 +215,11 @@ class _Functionalise(FunctionalTensorMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in _VALUE_CHECKS:
             return None
+        if func is _DEVICE and len(args) == 1 and type(args[0]) is FakeTensor \
+                and not args[0].fake_mode.in_kernel_invocation:
+            # What the modes below give for a fake tensor; wrapping every state tensor as
+            # a functional one asks it, and the modes' generic paths took most of the wrap.
+            return args[0].fake_device
         # The torch calls functionalisation, the tracer and decompositions make to handle
         # an op are theirs, not the step's: through the capture's and the tracer's torch
         # function modes they would cost more than the op itself.
@@ -196,6 +228,7 @@ class _Functionalise(FunctionalTensorMode):
 
 
 _VALUE_CHECKS = {torch.ops.aten._linalg_check_errors.default}
+_DEVICE = torch.ops.prim.device.default
 
 
 def _name_of(func) -> str:
@@ -387,9 +420,12 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     """
     requires_grad = list(requires_grad or [False] * len(inputs))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake_mode:
-        # From shape and dtype only: a lazily created tensor stays unmaterialised.
-        fakes = [torch.empty(tuple(t.shape), dtype=t.dtype) for t in inputs]
+    # From shape and dtype only: a lazily created tensor stays unmaterialised. Made on the
+    # meta device and wrapped, as the mode wraps an op's results: a factory call through
+    # the mode costs five times as much, once per state tensor.
+    device = torch.get_default_device()
+    fakes = [FakeTensor(fake_mode, torch.empty(tuple(t.shape), dtype=t.dtype, device="meta"),
+                        device) for t in inputs]
 
     def functional_fn(*args):
         with _Functionalise():
