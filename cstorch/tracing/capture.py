@@ -43,7 +43,7 @@ from cstorch.tracing.binding import bind_state, bind_hyperparameters
 from cstorch.tracing.cumulative_batch_norm import cumulative_batch_norm
 from cstorch.tracing.grad_packing import grad_layout, pack_grads
 from cstorch.tracing.program import Program, ValueSpec
-from cstorch.tracing.torch_patches import (older_objects_frozen, refuse_optimizers,
+from cstorch.tracing.torch_patches import (collector_paused, refuse_optimizers,
                                            refuse_torch_grad_scaler, refuse_torch_schedulers,
                                            register_unseen_modules, stray_tensor_hook,
                                            track_zero_grad)
@@ -65,7 +65,7 @@ def capture_program(step_fn, backend, call: Call, name: str, like=()) -> Program
     (`reuse.py`)."""
     while True:
         try:
-            with older_objects_frozen(), progress.shown(name):
+            with collector_paused(), progress.shown(name):
                 if micro_batch.applies(backend, name):
                     return micro_batch.capture(
                         backend, call, name,

@@ -179,14 +179,21 @@ def stray_tensor_hook(state, traced, constants):
 
 
 @contextlib.contextmanager
-def older_objects_frozen():
-    """Objects that exist now are left out of the garbage collector's passes until the end.
+def collector_paused():
+    """No garbage collection while a step is captured, lowered and compiled; objects that
+    exist now are left out of any pass made all the same (a `gc.collect()` in the step).
 
-    Capturing, lowering and compiling a step allocate enough objects to set off full
-    collections, each of which walks every object torch and jax hold; frozen, those are
-    skipped (docs/benchmarks.md measures it). They go back to the collector after."""
+    These allocate enough objects to set off collections, full ones among them: each
+    walked every object torch and jax hold until those were frozen, and still walks all
+    the capture has made so far, more the deeper the model. What a capture leaves in
+    reference cycles is little (docs/benchmarks.md measures both). After, the objects go
+    back to the collector, which runs again unless it was off before."""
+    enabled = gc.isenabled()
+    gc.disable()
     gc.freeze()
     try:
         yield
     finally:
         gc.unfreeze()
+        if enabled:
+            gc.enable()

@@ -284,23 +284,38 @@ def test_writing_an_input_after_the_call_leaves_the_dispatched_step_alone(dtype)
         assert torch.equal(out.to(dtype).cpu(), expected), f"call {i}"
 
 
-def test_a_capture_keeps_older_objects_out_of_the_collector_and_gives_them_back():
+def test_a_capture_pauses_the_collector_and_gives_it_back():
     import gc
     cstorch.backend("CPU")
     seen = []
 
     @cstorch.trace
     def step(x):
-        seen.append(gc.get_freeze_count())
+        seen.append((gc.isenabled(), gc.get_freeze_count()))
         return x * 2
 
     before = gc.get_freeze_count()
+    assert gc.isenabled()
     x = torch.randn(3)
     out = step(x)
-    assert seen and seen[0] > before   # what existed before the capture was frozen
-    assert gc.get_freeze_count() == before   # and is the collector's again
-    assert out.shape == (3,)
+    assert seen and seen[0][0] is False   # no collection while the step is captured
+    assert seen[0][1] > before   # what existed before is left out of any pass made
+    assert gc.isenabled()   # and the collector runs again after
+    assert gc.get_freeze_count() == before
     assert torch.equal(out.cpu(), x * 2)
+
+    # A collector the user turned off stays off.
+    @cstorch.trace
+    def other(x):
+        return x + 1
+
+    gc.disable()
+    try:
+        out = other(x)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert torch.equal(out.cpu(), x + 1)
 
 
 def _linear():
