@@ -368,6 +368,39 @@ def test_a_closed_over_inference_tensor_is_a_constant():
         assert rel_err(float(scaled(x)), float((model(x) * table).sum())) < 1e-5
 
 
+def test_a_parameter_held_outside_the_step_and_passed_in_a_list_is_the_steps_own_state():
+    """torch.stack takes its tensors in a list: the capture finds the parameter the step
+    closed over there and trains it, as eager does, instead of baking in its value."""
+    import copy
+    model, compiled = _linear()
+    reference = copy.deepcopy(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    bias, reference_bias = model.bias, reference.bias   # held before the step
+
+    def loss_of(forward, b, x):
+        return (torch.stack([forward(x)[0], b]) ** 2).sum()
+
+    @cstorch.trace
+    def step(x):
+        loss = loss_of(compiled, bias, x)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    for i in range(3):
+        x, _ = _batch(i)
+        loss = step(x)
+        expected = loss_of(reference, reference_bias, x)
+        reference_optimizer.zero_grad()
+        expected.backward()
+        reference_optimizer.step()
+        assert rel_err(float(loss), float(expected)) < 1e-5, f"step {i}"
+    torch.testing.assert_close(model.bias.detach().cpu(), reference.bias.detach())
+    torch.testing.assert_close(model.weight.detach().cpu(), reference.weight.detach())
+
+
 def test_a_closed_over_tensor_that_requires_grad_is_refused():
     _, compiled = _linear()
     gate = torch.randn(3, requires_grad=True)
