@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
+from torch._prims_common import make_contiguous_strides_for
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor,
                                            FakeTensorMode)
@@ -35,7 +36,7 @@ from bridge.errors import (GRADIENT_OF, CaptureError, DataDependentShapeError,
 from bridge.lower import check_lowerable
 from bridge.node_marks import ENGINE, GRADIENT_OP, IN_BACKWARD
 from bridge.ops.recurrent import route as route_recurrent
-from bridge.traced_once import NotTracedOnce
+from bridge.traced_once import NotTracedOnce, fake
 from bridge.user_line import (NO_USER_FRAME, anchor_stack_traces, stack_trace, user_code,
                               with_user_line)
 
@@ -420,12 +421,9 @@ def capture(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Te
     """
     requires_grad = list(requires_grad or [False] * len(inputs))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    # From shape and dtype only: a lazily created tensor stays unmaterialised. Made on the
-    # meta device and wrapped, as the mode wraps an op's results: a factory call through
-    # the mode costs five times as much, once per state tensor.
-    device = torch.get_default_device()
-    fakes = [FakeTensor(fake_mode, torch.empty(tuple(t.shape), dtype=t.dtype, device="meta"),
-                        device) for t in inputs]
+    # From shape and dtype only: a lazily created tensor stays unmaterialised.
+    fakes = [fake(fake_mode, tuple(t.shape), make_contiguous_strides_for(tuple(t.shape)), t.dtype)
+             for t in inputs]
 
     def functional_fn(*args):
         with _Functionalise():

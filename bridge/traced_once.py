@@ -47,19 +47,24 @@ class NotTracedOnce(Exception):
     """The layers of a run cannot be traced once; the message says why."""
 
 
+def fake(mode, shape, stride, dtype) -> FakeTensor:
+    """A fake tensor of `mode`, made on the meta device and wrapped as the mode wraps an
+    op's meta results: a factory call through the mode looks up and fills its dispatch
+    cache, five times the cost, and a deep model's capture makes thousands (its inputs,
+    the stand-in ops' results)."""
+    with unset_fake_temporarily():
+        elem = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    return FakeTensor(mode, elem, torch.get_default_device())
+
+
 def fresh(meta):
-    """A new tensor of the shape, stride and dtype `meta` starts with. Under a fake mode
-    (a fake implementation's results) it is made on the meta device and wrapped, as the
-    mode wraps an op's meta results: a factory call through the mode looks up and fills
-    its dispatch cache, five times the cost, and a stand-in op of a deep model makes
-    thousands of these."""
+    """A new tensor of the shape, stride and dtype `meta` starts with (a fake one under a
+    fake mode: a fake implementation's results)."""
     shape, stride, dtype = meta[:3]
     mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
     if mode is None:
         return torch.empty_strided(shape, stride, dtype=dtype)
-    with unset_fake_temporarily():
-        elem = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-    return FakeTensor(mode, elem, torch.get_default_device())
+    return fake(mode, shape, stride, dtype)
 
 
 def metadata(t: torch.Tensor) -> tuple:
