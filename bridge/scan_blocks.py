@@ -14,6 +14,7 @@ the lowered program computes exactly what the unrolled one does, random draws in
 """
 import heapq
 import logging
+import operator
 from dataclasses import dataclass, field
 
 import jax
@@ -71,11 +72,19 @@ class Loop:
     saves_inputs: bool = False
     forward: "Loop | None" = None
     recompute: dict = field(default_factory=dict)
-    # Slots of a gradient loop whose per-layer values are views of a forward loop's
-    # per-layer inputs (a linear layer's transposed weight): slot -> (the inputs' nodes,
-    # the forward body's view ops from input to value), computed again in the body
-    # instead of stacked by the forward loop (`recompute_views`).
-    views: dict = field(default_factory=dict)
+    # Cheap forward values computed again (`recompute_cheap`): a gradient loop's slots whose
+    # per-layer values are forward ops that only view or combine element by element what
+    # the gradient loop has anyway (the layer's inputs, the value entering it, forward
+    # values it reads stacked) take them from its body instead of from the forward loop's
+    # stacked outputs. `cheap` is slot -> forward body position; `cheap_ops` the forward
+    # body positions run, in order; `cheap_known` forward body position -> the slot that
+    # holds its value; `cheap_entering` forward carried position -> the slot holding the
+    # value entering the layer.
+    cheap: dict = field(default_factory=dict)
+    cheap_ops: list = field(default_factory=list)
+    cheap_known: dict = field(default_factory=dict)
+    cheap_entering: dict = field(default_factory=dict)
+    cheap_of: "Loop | None" = None
 
     @property
     def nodes(self):
@@ -116,23 +125,45 @@ def plan(gm: fx.GraphModule, unsupported=frozenset(), remat: bool = False,
     if remat:
         rematerialise(loops)
     else:
-        recompute_views(loops)
+        recompute_cheap(loops)
     return loops
 
 
-# Ops that only view their one tensor argument: computed again per layer, they cost a
-# layout change at most, where stacking their results copies them for every layer.
+# Ops that only view their one tensor argument, and ops that return their argument's
+# values: computed again per layer, they cost a layout change at most.
 _VIEWS = {torch.ops.aten.permute.default, torch.ops.aten.t.default,
           torch.ops.aten.transpose.int, torch.ops.aten.view.default,
           torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default,
           torch.ops.aten.expand.default, torch.ops.aten.unsqueeze.default,
-          torch.ops.aten.alias.default, torch.ops.aten.detach.default}
+          torch.ops.aten.squeeze.dim, torch.ops.aten.alias.default,
+          torch.ops.aten.detach.default, torch.ops.aten.clone.default}
+_SAME_VALUES = {torch.ops.aten.alias.default, torch.ops.aten.detach.default,
+                torch.ops.aten.clone.default}
+# Not element by element, but reading and writing about as much as a stacked value costs.
+_CHEAP = {torch.ops.aten.native_layer_norm.default}
 
 
-def recompute_views(loops: list):
-    """For each run's gradient loop, take the forward values it reads that are views of
-    the layer's own inputs (a linear layer's transposed weight) as those inputs, and view
-    them again in its body: the forward loop no longer stacks them."""
+def _cheap(node) -> bool:
+    """Whether computing `node` again costs less than stacking its value for every layer
+    and reading it back: views, element-by-element ops, layer norms, getitems of their
+    results and tensors made from constants; never a random draw."""
+    if node.op != "call_function" or draws_random(node):
+        return False
+    target = node.target
+    if target is operator.getitem or target in _VIEWS or target in _CHEAP:
+        return True
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    return torch.Tag.pointwise in target.tags or not node.all_input_nodes
+
+
+def recompute_cheap(loops: list):
+    """For each run's gradient loop, compute again in its body the forward values it reads
+    that are cheap ops (`_cheap`) of what it has anyway: the layer's stacked inputs (a
+    linear layer's transposed weight), values shared by all layers, the value entering
+    the layer and the forward values it reads stacked. The forward loop no longer stacks
+    them: for a decoder layer, its layer norms' and activation's outputs, and an
+    attention's probabilities it also keeps for the softmax's gradient."""
     runs: dict = {}
     for loop in loops:
         runs.setdefault(loop.run, {})[loop.reverse] = loop
@@ -140,41 +171,58 @@ def recompute_views(loops: list):
         fwd, bwd = pair.get(False), pair.get(True)
         if fwd is None or bwd is None or len(fwd.layers) != len(bwd.layers):
             continue
-        for s, (how, q) in _recomputable(fwd, bwd).items():
-            chain = _view_chain(fwd, q) if how == "at" else None
-            if chain is not None:
-                bwd.views[s] = chain
-        if bwd.views:
-            kept = [p for p in fwd.ys if _read_unless_recomputed(fwd, bwd, p)]
-            log.info("the gradients of %s view %d forward values again: %d of %d stacked "
-                     "forward values no longer kept", run, len(bwd.views),
-                     len(fwd.ys) - len(kept), len(fwd.ys))
-            fwd.ys = kept
-
-
-def _view_chain(fwd: Loop, q: int):
-    """(per-layer input nodes, view ops) when forward body position `q` is view ops
-    applied to one of the layer's stacked inputs, else None."""
-    body = fwd.layers[0]
-    at = {n: p for p, n in enumerate(body)}
-    chain, p = [], q
-    while True:
-        node = body[p]
-        if node.target not in _VIEWS:
-            return None
-        leaves = pytree.tree_flatten((node.args, node.kwargs))[0]
-        tensors = [j for j, leaf in enumerate(leaves) if isinstance(leaf, fx.Node)]
-        if len(tensors) != 1:
-            return None
-        chain.append(node)
-        leaf = leaves[tensors[0]]
-        if leaf in at:
-            p = at[leaf]
+        read = _recomputable(fwd, bwd)
+        known = {q: s for s, (how, q) in read.items() if how == "at"}
+        entering = {p: s for s, (how, p) in read.items() if how == "in"}
+        body = fwd.layers[0]
+        at = {n: p for p, n in enumerate(body)}
+        for q, s in list(known.items()):   # a value kept as its copy or detached alias
+            node = body[q]
+            if node.target in _SAME_VALUES and node.args and node.args[0] in at:
+                known.setdefault(at[node.args[0]], s)
+        again = set()
+        for p, node in enumerate(body):
+            if not _cheap(node):
+                continue
+            if node.target in _SAME_VALUES and p in known:
+                continue   # an alias kept stacked holds the value its argument's users read
+            leaves = _arguments(node)[0]
+            if all(_available(fwd, p, j, leaf, at, again, known, entering)
+                   for j, leaf in enumerate(leaves)):
+                again.add(p)
+        cheap = {s: q for s, (how, q) in read.items() if how == "at" and q in again}
+        if not cheap:
             continue
-        slot = fwd.arg_slots.get((p, tensors[0]))
-        if slot is None or fwd.kinds[slot] != "xs":
-            return None
-        return fwd.slots[slot], chain[::-1]
+        needed, todo = set(), list(cheap.values())
+        while todo:
+            q = todo.pop()
+            if q in needed:
+                continue
+            needed.add(q)
+            todo.extend(at[a] for a in body[q].all_input_nodes if at.get(a) in again)
+        bwd.cheap, bwd.cheap_ops, bwd.cheap_of = cheap, sorted(needed), fwd
+        bwd.cheap_known = {q: s for q, s in known.items() if q not in again}
+        bwd.cheap_entering = entering
+        kept = [p for p in fwd.ys if _read_unless_recomputed(fwd, bwd, p)]
+        log.info("the gradients of %s compute %d cheap forward values again: %d of %d "
+                 "stacked forward values no longer kept", run, len(cheap),
+                 len(fwd.ys) - len(kept), len(fwd.ys))
+        fwd.ys = kept
+
+
+def _available(fwd: Loop, p: int, j: int, leaf, at: dict, again: set, known: dict,
+               entering: dict) -> bool:
+    """Whether argument leaf `j` of forward body position `p` is at hand in the gradient
+    loop's body: a constant, a stacked or shared input of the layer, the value entering
+    it, a forward value computed again or one the gradient loop reads stacked."""
+    if not isinstance(leaf, fx.Node):
+        return True
+    slot = fwd.arg_slots.get((p, j))
+    if slot is not None:
+        kind = fwd.kinds[slot]
+        return kind in ("xs", "shared") or kind[1] in entering
+    q = at[leaf]
+    return q in again or q in known
 
 
 def rematerialise(loops: list):
@@ -250,7 +298,7 @@ def _read_unless_recomputed(fwd: Loop, bwd: Loop, p: int) -> bool:
                 return True
             leaves = pytree.tree_flatten((user.args, user.kwargs))[0]
             if any(leaf is node and bwd.arg_slots.get((q, j)) not in bwd.recompute
-                   and bwd.arg_slots.get((q, j)) not in bwd.views
+                   and bwd.arg_slots.get((q, j)) not in bwd.cheap
                    for j, leaf in enumerate(leaves)):
                 return True
     return False
@@ -501,8 +549,10 @@ def run_loop(loop: Loop, env: dict, lower_node, rows: Rows, stream):
     xs_slots = _stacked_slots(loop)
     index = rows.index(n)
     xs = tuple(rows.stack([env.raw(v) for v in loop.slots[s]], index) for s in xs_slots)
-    views = sorted(loop.views)
-    view_xs = tuple(rows.stack([env.raw(v) for v in loop.views[s][0]], index) for s in views)
+    cheap_of = loop.cheap_of
+    cheap_slots = _cheap_inputs(loop)
+    cheap_xs = tuple(rows.stack([env.raw(v) for v in cheap_of.slots[s]], index)
+                     for s in cheap_slots)
     draws = _draws(loop)
     fwd = loop.forward
     again = env[fwd] if fwd is not None else ((), (), ())
@@ -510,15 +560,11 @@ def run_loop(loop: Loop, env: dict, lower_node, rows: Rows, stream):
         stream.materialize()
 
     def step(carried, x):
-        xs_values, draw_values, again_values, view_inputs = x
+        xs_values, draw_values, again_values, cheap_values = x
         slot_value = _slot_values(loop, env, xs_slots, xs_values, carried)
-        for s, value in zip(views, view_inputs):
-            for node in loop.views[s][1]:
-                leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
-                leaves = [value if isinstance(leaf, fx.Node) else leaf for leaf in leaves]
-                args, kwargs = pytree.tree_unflatten(leaves, spec)
-                value = lower_node(node, args, kwargs)
-            slot_value[s] = value
+        if cheap_of is not None:
+            _cheap_again(loop, slot_value, dict(zip(cheap_slots, cheap_values)), env,
+                         lower_node)
         if fwd is not None:
             fwd_xs, entering, fwd_draws = again_values
             values = _body(fwd, _slot_values(fwd, env, _stacked_slots(fwd), fwd_xs, entering),
@@ -533,7 +579,7 @@ def run_loop(loop: Loop, env: dict, lower_node, rows: Rows, stream):
             ys += tuple(carried)
         return tuple(local[body[p]] for p in loop.carry), ys
 
-    final, ys = jax.lax.scan(step, init, (xs, draws, again, view_xs), reverse=loop.reverse)
+    final, ys = jax.lax.scan(step, init, (xs, draws, again, cheap_xs), reverse=loop.reverse)
     stream.count = 0   # the body's count is the body trace's own; each draw sets it again
     if loop.saves_inputs:
         env[loop] = (xs, tuple(ys[len(loop.ys):]), draws)
@@ -596,7 +642,50 @@ def run_calls(loop: Loop, env: dict, lower_node, stream):
 def _stacked_slots(loop: Loop) -> list:
     """The slots whose per-layer values the loop takes stacked (not those it recomputes)."""
     return [s for s, k in enumerate(loop.kinds)
-            if k == "xs" and s not in loop.recompute and s not in loop.views]
+            if k == "xs" and s not in loop.recompute and s not in loop.cheap]
+
+
+def _cheap_inputs(loop: Loop) -> list:
+    """The forward loop's stacked slots that `loop`'s cheap forward ops read."""
+    fwd = loop.cheap_of
+    if fwd is None:
+        return []
+    found = {fwd.arg_slots[(p, j)] for p in loop.cheap_ops
+             for j in range(len(_arguments(fwd.layers[0][p])[0]))
+             if (p, j) in fwd.arg_slots}
+    return sorted(s for s in found if fwd.kinds[s] == "xs")
+
+
+def _cheap_again(loop: Loop, slot_value: dict, stacked: dict, env: dict, lower_node):
+    """Compute the forward ops of `loop.cheap_ops` in the gradient loop's body and put
+    their values in the slots of `loop.cheap`. `stacked` holds this layer's part of the
+    forward loop's stacked inputs they read."""
+    fwd = loop.cheap_of
+    body = fwd.layers[0]
+    at = {n: p for p, n in enumerate(body)}
+    local = {}
+    for p in loop.cheap_ops:
+        node = body[p]
+        values = []
+        for j, leaf in enumerate(_arguments(node)[0]):
+            slot = fwd.arg_slots.get((p, j))
+            kind = fwd.kinds[slot] if slot is not None else None
+            if kind == "xs":
+                value = stacked[slot]
+            elif kind == "shared":
+                value = env[fwd.slots[slot][0]]
+            elif kind is not None:   # carried: the value entering the layer
+                value = slot_value[loop.cheap_entering[kind[1]]]
+            elif isinstance(leaf, fx.Node):
+                value = local[leaf] if leaf in local else slot_value[loop.cheap_known[at[leaf]]]
+            else:
+                value = leaf
+            values.append(value)
+        spec = pytree.tree_structure((node.args, node.kwargs))
+        args, kwargs = pytree.tree_unflatten(values, spec)
+        local[node] = lower_node(node, args, kwargs)
+    for s, q in loop.cheap.items():
+        slot_value[s] = local[body[q]]
 
 
 def _draws(loop: Loop) -> tuple:

@@ -33,19 +33,19 @@ def test_rematerialised_loop_equals_the_stored_one_with_dropout(caplog):
     other = copy.deepcopy(model)
     batches = _batches(2)
     with remat(True), caplog.at_level(logging.INFO, logger="bridge.scan"):
-        losses, state, text, _ = _train(model, True, batches)
+        losses, state, program, _ = _train(model, True, batches)
     # Every activation the forward loop stacked was read only by the gradient loop.
     assert re.search(r"model\.blocks\[0:2\] compute their forward ops again: (\d+) of \1 "
                      r"stacked forward values no longer kept", caplog.text), caplog.text
     with remat(False):
-        ref_losses, ref_state, ref_text, _ = _train(other, True, batches)
+        ref_losses, ref_state, ref_program, _ = _train(other, True, batches)
     # Forward (the losses) and gradients (the parameters SGD moved with them) alike: the
     # recomputed forward ops draw the same dropout masks, each layer its own.
     assert rel_err(losses, ref_losses) < 1e-6
     for name in ref_state:
         assert rel_err(state[name], ref_state[name]) < 1e-6, name
     # The gradient loop's body holds the forward body's products again.
-    assert _dots(text) > _dots(ref_text)
+    assert _dots(program) > _dots(ref_program)
 
 
 def _temp_bytes(remat_on: bool, layers=4, dim=32, tokens=32):
