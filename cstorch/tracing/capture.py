@@ -388,10 +388,10 @@ def _capture(step_fn, backend, call: Call, name: str, micro=None, like=()) -> Pr
     rows = _grad_rows(getattr(lowered, "stacked_grads", ()), len(outcome.grad_out))
     used = _used_cells(graph, len(cells)) if micro is None else None
     taken = range(len(cells)) if used is None else used
-    kept = _kept_state(graph, cells, backend, taken) if micro is None else ()
+    stacked = getattr(lowered, "stacked", ())
+    kept = _kept_state(graph, cells, backend, taken, stacked) if micro is None else ()
     kept_cells = {taken[k] for k in kept}
-    slots = state_slots.slots(taken, [g for g in getattr(lowered, "stacked", ())
-                                      if not kept_cells.intersection(g)])
+    slots = state_slots.slots(taken, [g for g in stacked if not kept_cells.intersection(g)])
     jax_fn = _jax_fn(lowered, backend, layout, outcome, packing, used, slots)
     inputs = [bridge.tensor_to_input(t) for t in layout.tensors]
     if backend.distributed:
@@ -472,14 +472,18 @@ KEEP_MIN_BYTES = 256 * 1024
 KEEP_MAX_TOTAL_BYTES = 64 * 1024 * 1024
 
 
-def _kept_state(graph, cells, backend, taken) -> tuple:
+def _kept_state(graph, cells, backend, taken, stacked=()) -> tuple:
     """Positions, among the state arrays the program takes (the cells `taken`), of those
-    it takes without donating them."""
+    it takes without donating them. The cells of a `stacked` group (the layers of a loop,
+    `bridge.stacked_state`) are donated: the loop reads each layer's row before the
+    update of the whole array can start, so XLA copies nothing, and a kept member would
+    make the program stack the group from its cells, a copy of every row each step."""
     if backend.mesh.devices.flat[0].platform != "cpu":
         return ()
     late = bridge.read_after_update(graph, len(cells))
+    in_groups = {i for group in stacked for i in group}
     sizes = {k: math.prod(cells[i].array.shape) * np.dtype(cells[i].array.dtype).itemsize
-             for k, i in enumerate(taken) if late[i]}
+             for k, i in enumerate(taken) if late[i] and i not in in_groups}
     kept = {k: size for k, size in sizes.items() if size >= KEEP_MIN_BYTES}
     if sum(kept.values()) > KEEP_MAX_TOTAL_BYTES:
         return ()

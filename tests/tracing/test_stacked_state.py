@@ -13,8 +13,10 @@ import torch
 import cerebras.pytorch as cstorch
 from bridge.device_tensor import Row
 from cstorch.tracing import state_slots
-from tests.bridge.test_scan_blocks import Model, _batches, _loss
+from cstorch.tracing.capture import KEEP_MIN_BYTES
+from tests.bridge.test_scan_blocks import VOCAB, Block, Model, _batches, _loss
 from tests.models import rel_err
+from tests.tracing.test_donation import _copied_entry_parameters
 
 LAYERS = 4
 
@@ -327,3 +329,43 @@ def test_groups_are_stacked_by_one_program_off_the_host():
         np.testing.assert_array_equal(np.asarray(got), np.stack([np.asarray(a) for a in group]))
     for got, group in zip(state_slots._stack_all(groups), groups):
         np.testing.assert_array_equal(np.asarray(got), np.stack([np.asarray(a) for a in group]))
+
+
+def test_large_layer_weights_are_donated_stacked_not_kept_and_not_copied(scan_blocks):
+    # On the CPU a large parameter read after its update could be made (by the backward
+    # pass) is kept rather than donated (tests/tracing/test_donation.py). A loop's layers
+    # read their rows before the update of the stacked array can start: donated, it is
+    # updated in place with no copy, where a kept member made the program stack its
+    # group from the cells, a copy of every layer's weight each step.
+    torch.manual_seed(0)
+    blocks = [Block(dim=256, hidden=512) for _ in range(LAYERS)]
+    model = Model(blocks=blocks)
+    model.tok, model.ln = torch.nn.Embedding(VOCAB, 256), torch.nn.LayerNorm(256)
+    model.head = torch.nn.Linear(256, VOCAB)
+    reference, unrolled = copy.deepcopy(model), copy.deepcopy(model)
+    batches = _batches(2)
+    step, optimizer = _traced(model)
+    losses = torch.stack([step(t).detach().clone() for t in batches])
+    ref_losses, ref_optimizer = _eager(reference, batches)
+    assert rel_err(losses, ref_losses) < 1e-4
+    _compare(model, reference, optimizer, ref_optimizer)
+
+    program = _program(step)
+    layer_cells = {i for i, name in enumerate(program.names) if ".blocks." in name}
+    assert not layer_cells.intersection(program.compiled.kept)
+    stacked = {program.names[i] for s in program.slots if type(s) is not int for i in s}
+    assert {f"model.blocks.{k}.ff1.weight" for k in range(LAYERS)} <= stacked
+    # XLA copies small donated inputs (the layers' step counts, say), no weight.
+    hlo = program.compiled.executable.as_text()
+    copied = _copied_entry_parameters(hlo)
+    assert copied
+    for name in copied:
+        dims = re.search(rf"%{re.escape(name)} = f32\[([\d,]*)\]", hlo).group(1)
+        assert 4 * np.prod([int(d) for d in dims.split(",") if d]) < KEEP_MIN_BYTES, name
+
+    # Unrolled, the same weights are kept: the case the looped program donates.
+    cstorch.backends.csx.performance.scan_blocks = False
+    step, _ = _traced(unrolled)
+    step(batches[0])
+    kept = {_program(step).names[i] for i in _program(step).compiled.kept}
+    assert {f"model.blocks.{k}.ff1.weight" for k in range(LAYERS)} <= kept, kept
