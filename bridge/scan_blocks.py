@@ -549,9 +549,13 @@ def run_loop(loop: Loop, env: dict, lower_node, rows: Rows, stream):
     xs_slots = _stacked_slots(loop)
     index = rows.index(n)
     xs = tuple(rows.stack([env.raw(v) for v in loop.slots[s]], index) for s in xs_slots)
+    # The forward loop's stacked inputs, for its gradient loop's cheap ops to read again.
+    env[("stacked inputs", loop)] = dict(zip(xs_slots, xs))
     cheap_of = loop.cheap_of
     cheap_slots = _cheap_inputs(loop)
-    cheap_xs = tuple(rows.stack([env.raw(v) for v in cheap_of.slots[s]], index)
+    stacked = env.get(("stacked inputs", cheap_of), {})
+    cheap_xs = tuple(stacked[s] if s in stacked else
+                     rows.stack([env.raw(v) for v in cheap_of.slots[s]], index)
                      for s in cheap_slots)
     draws = _draws(loop)
     fwd = loop.forward
