@@ -147,9 +147,10 @@ def _cheap(node) -> bool:
     """Whether computing `node` again costs less than stacking its value for every layer
     and reading it back: views, element-by-element ops, layer norms, getitems of their
     results and tensors made from constants; never a random draw."""
-    if node.op != "call_function" or draws_random(node):
-        return False
     target = node.target
+    if node.op != "call_function" or draws_random(node) or \
+            torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()):
+        return False
     if target is operator.getitem or target in _VIEWS or target in _CHEAP:
         return True
     if not isinstance(target, torch._ops.OpOverload):
