@@ -130,7 +130,7 @@ def plan(gm: fx.GraphModule, unsupported=frozenset(), remat: bool = False,
 
 
 # Ops that only view their one tensor argument, and ops that return their argument's
-# values: computed again per layer, they cost a layout change at most.
+# values: computed again per layer, they cost a layout change or a copy at most.
 _VIEWS = {torch.ops.aten.permute.default, torch.ops.aten.t.default,
           torch.ops.aten.transpose.int, torch.ops.aten.view.default,
           torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default,
