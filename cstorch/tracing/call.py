@@ -99,6 +99,7 @@ def step_data(program, values, backend, call, device_inputs: DeviceInputs) -> St
     arrays = state.arrays_list
     if program.slots is not None:
         arrays = state_slots.arguments(program.slots, arrays)
+        state.holds_rows = True   # a group it stacked: its cells hold rows of the stacked array
     elif state.holds_rows:   # a program that takes every cell on its own
         state_slots.read_rows(arrays)
         state.holds_rows = False

@@ -39,8 +39,17 @@ def arguments(program_slots, arrays) -> list:
             out.append(None)
             unstacked[at] = [v.read() if type(v) is Row else v for v in values]
     if unstacked:   # the first call, or cells read or written since the last one
-        for at, stacked in zip(unstacked, _stack_all(list(unstacked.values()))):
-            out[at] = stacked
+        positions = list(unstacked)
+        (device,) = unstacked[positions[0]][0].sharding.device_set
+        # On the host, group by group, each group's cells given rows of its stacked array
+        # at once: their own arrays are freed before the next group is stacked, instead of
+        # living on beside the stacked copies until the step's new state comes back.
+        batches = [[at] for at in positions] if device.platform == "cpu" else [positions]
+        for batch in batches:
+            for at, stacked in zip(batch, _stack_all([unstacked.pop(at) for at in batch])):
+                out[at] = stacked
+                for k, i in enumerate(program_slots[at]):
+                    arrays[i] = Row(stacked, k)
     return out
 
 

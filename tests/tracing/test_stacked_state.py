@@ -3,7 +3,10 @@ alongside them are held stacked (`bridge.stacked_state`, `cstorch.tracing.state_
 the program takes one array per kind, the state stays owned by name, and training equals
 eager PyTorch's, also with reads and `.data` writes between steps."""
 import copy
+import gc
 import re
+import weakref
+from unittest.mock import patch
 
 import jax
 import numpy as np
@@ -334,6 +337,37 @@ def test_groups_are_stacked_by_one_program_off_the_host():
         np.testing.assert_array_equal(np.asarray(got), np.stack([np.asarray(a) for a in group]))
     for got, group in zip(state_slots._stack_all(groups), groups):
         np.testing.assert_array_equal(np.asarray(got), np.stack([np.asarray(a) for a in group]))
+
+
+def test_stacking_a_group_frees_its_cells_own_arrays_before_the_next_group():
+    # The cells' own arrays would otherwise live on beside the stacked copies until the
+    # step returns: a 153M-parameter GPT's looped first step peaked 0.3-0.5 GB higher.
+    rng = np.random.default_rng(0)
+    first = [jax.device_put(rng.standard_normal((3, 2)).astype(np.float32)) for _ in range(4)]
+    second = [jax.device_put(rng.standard_normal(5).astype(np.float32)) for _ in range(2)]
+    expected = [np.stack([np.asarray(a) for a in g]) for g in (first, second)]
+    arrays = [jax.device_put(np.float32(7.0)), *first, *second]
+    program_slots = (0, (1, 2, 3, 4), (5, 6))
+    freed = []
+    stack = state_slots._stack_all
+
+    def stack_and_look(groups):   # how many of the first group's arrays still exist
+        freed.append(sum(r() is None for r in refs))
+        return stack(groups)
+
+    refs = [weakref.ref(a) for a in first]
+    del first, second
+    with patch.object(state_slots, "_stack_all", stack_and_look):
+        out = state_slots.arguments(program_slots, arrays)
+    gc.collect()
+    assert freed == [0, 4]   # all of the first group's arrays were freed before the second was stacked
+    assert float(out[0]) == 7.0
+    for got, want in zip(out[1:], expected):
+        np.testing.assert_array_equal(np.asarray(got), want)
+    # The cells hold rows of the stacked arrays, which the call passes on as they are.
+    assert all(type(arrays[i]) is Row and arrays[i].stack is out[1] for i in (1, 2, 3, 4))
+    assert [np.asarray(arrays[i].read()).tolist() for i in (5, 6)] == expected[1].tolist()
+    assert state_slots.arguments(program_slots, arrays)[1] is out[1]
 
 
 def test_large_layer_weights_are_donated_stacked_not_kept_and_not_copied(scan_blocks):
